@@ -1,0 +1,92 @@
+"""Trajectory selection after judging (reference 4.5): one (correct, incorrect) pair per prompt.
+
+The official trainer splits the generated samples into consecutive groups of ``k``, drops every
+group whose samples are all correct or all incorrect, and keeps from each other group one random
+correct then one random incorrect sample. The draws come from a ``random.Random``-like object
+(the trainer passes Python's global ``random`` module, seeded as the official run seeds it, so
+the kept pairs reproduce the official ones). Without the filter every sample is kept.
+Invariant: indices refer to the input order; pairs appear in group order, correct first.
+Pure Python on host floats: this runs once per step on at most a few thousand rewards.
+"""
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence, TypeVar
+
+T = TypeVar("T")
+
+# "Correct" is reward == 1 exactly, as the official filter tests it; anything else is incorrect.
+CORRECT_REWARD = 1.0
+
+
+class ChoiceRng(Protocol):
+    def choice(self, seq: Sequence[T]) -> T: ...
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Kept samples of one step.
+
+    Attributes:
+        indices: kept sample indices into the generated list, in training order.
+        pass_rates: for each kept sample, the fraction of correct samples in its group.
+    """
+
+    indices: list[int]
+    pass_rates: list[float]
+
+
+def _check(rewards: Sequence[float], k: int) -> None:
+    if k < 1 or len(rewards) % k != 0:
+        raise ValueError(
+            f"number of rewards ({len(rewards)}) must be a multiple of prompt_repeat_k ({k})"
+        )
+
+
+def group_pass_rates(rewards: Sequence[float], k: int) -> list[float]:
+    """Fraction of samples with reward == 1 in each consecutive group of ``k``."""
+    _check(rewards, k)
+    return [
+        sum(1 for r in rewards[g : g + k] if r == CORRECT_REWARD) / k
+        for g in range(0, len(rewards), k)
+    ]
+
+
+def filter_one_pair(rewards: Sequence[float], k: int, rng: ChoiceRng) -> Selection:
+    """Keep one random correct and one random incorrect sample of every mixed group.
+
+    Per group: ``rng.choice(correct)`` then ``rng.choice(incorrect)``, both lists in input
+    order; groups with pass rate 0 or 1 are dropped and consume no draws.
+
+    Args:
+        rewards: ``N`` judger rewards, groups of ``k`` contiguous.
+        k: samples per prompt.
+        rng: anything with ``choice`` (``random`` or ``random.Random(seed)``).
+
+    Returns:
+        The kept ``Selection`` (``2 * #mixed groups`` samples, possibly empty).
+    """
+    rates = group_pass_rates(rewards, k)
+    indices: list[int] = []
+    pass_rates: list[float] = []
+    for g, p in enumerate(rates):
+        if p in (0.0, 1.0):
+            continue
+        members = range(g * k, (g + 1) * k)
+        correct = [i for i in members if rewards[i] == CORRECT_REWARD]
+        incorrect = [i for i in members if rewards[i] != CORRECT_REWARD]
+        indices += [rng.choice(correct), rng.choice(incorrect)]
+        pass_rates += [p, p]
+    return Selection(indices, pass_rates)
+
+
+def keep_all(rewards: Sequence[float], k: int) -> Selection:
+    """The ``filter_trajectory=False`` path: every sample, in order, no draws."""
+    rates = group_pass_rates(rewards, k)
+    return Selection(list(range(len(rewards))), [rates[i // k] for i in range(len(rewards))])
+
+
+def select_trajectories(
+    rewards: Sequence[float], k: int, rng: ChoiceRng, filter_trajectory: bool
+) -> Selection:
+    """``filter_one_pair`` if the config's ``filter_trajectory`` is set, else ``keep_all``."""
+    return filter_one_pair(rewards, k, rng) if filter_trajectory else keep_all(rewards, k)

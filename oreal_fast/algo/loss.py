@@ -1,0 +1,217 @@
+"""The OREAL actor objective on packed per-token tensors (reference 4.11) and its metrics.
+
+    L = (alpha / N_pos) sum_{i: r_i > 0} A_i^[pos_mult_adv] sum_t w+_it (-l_it)
+      - (beta / N_neg)  sum_{i: r_i <= 0} sum_t A_i w-_it exp(l_it - sg(l_it))
+      + (kappa / N_act) sum_i sum_t k(l_it, lref_it)
+
+with ``l`` the actor log-probs of the sampled tokens, ``lref`` the reference's, ``d = lref - l``
+and ``k = exp(d) - d - 1`` (``unbias``, k3), ``d`` (``kl``) or ``d^2 / 2`` (``mse``). The
+normalisers are the global counts of the step (``normalisers``), so the losses of all
+micro-batches SUM to L; nothing is averaged here.
+
+Where we differ from the official trainer: all products and sums are fp32 (the official code
+multiplies bf16 weights and log-probs, see reference 8.5-8.6), so the KL gradient is not
+quantised to zero for |d| below bf16 resolution.
+Invariant: the returned ``loss`` has the gradient ``oreal_logprob_grad`` w.r.t. ``logprobs``.
+"""
+
+from typing import NamedTuple
+
+import torch
+
+from oreal_fast.algo.normalisers import Normalisers, safe_denominator
+
+KL_TYPES = ("unbias", "kl", "mse")
+
+
+class ActorLossTerms(NamedTuple):
+    """Actor loss of one micro-batch.
+
+    Attributes:
+        loss: 0-d fp32, positive + negative + KL, to ``backward()``.
+        positive_loss, negative_loss, kl_penalty_loss: 0-d fp32, detached; each SUMs over
+            micro-batches to the matching global term.
+    """
+
+    loss: torch.Tensor
+    positive_loss: torch.Tensor
+    negative_loss: torch.Tensor
+    kl_penalty_loss: torch.Tensor
+
+
+def _check_kl_type(kl_type: str) -> None:
+    if kl_type not in KL_TYPES:
+        raise ValueError(f"kl_type must be one of {KL_TYPES}, got {kl_type!r}")
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kl_type: str) -> torch.Tensor:
+    """Per-token KL penalty ``k(d)``, ``d = lref - l`` (not yet scaled by kl_coef).
+
+    Args:
+        logprobs: ``[T]`` actor log-probs (gradient flows).
+        ref_logprobs: ``[T]`` reference log-probs.
+        kl_type: ``"unbias"`` (exp(d) - d - 1), ``"kl"`` (d) or ``"mse"`` (d^2 / 2).
+
+    Returns:
+        ``[T]`` fp32.
+    """
+    _check_kl_type(kl_type)
+    d = ref_logprobs.float() - logprobs.float()
+    if kl_type == "unbias":
+        return torch.exp(d) - d - 1
+    if kl_type == "kl":
+        return d
+    return d * d / 2
+
+
+def kl_penalty_grad(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kl_type: str) -> torch.Tensor:
+    """``dk/dl`` per token: ``1 - exp(d)`` (unbias), ``-1`` (kl), ``-d`` (mse). ``[T]`` fp32."""
+    _check_kl_type(kl_type)
+    d = ref_logprobs.float() - logprobs.float()
+    if kl_type == "unbias":
+        return 1 - torch.exp(d)
+    if kl_type == "kl":
+        return torch.full_like(d, -1.0)
+    return -d
+
+
+def _sample_weights(advantages, is_positive, w_pos, w_neg, norm, positive_loss_factor,
+                    negative_loss_factor, pos_mult_adv):
+    """Per-token coefficients a+ (of -l) and a- (of the ratio), normalisers folded in."""
+    adv = advantages.float()
+    pos = is_positive.float()
+    w_pos = 1.0 if w_pos is None else w_pos.float()
+    w_neg = 1.0 if w_neg is None else w_neg.float()
+    pos_adv = adv if pos_mult_adv else 1.0
+    a_pos = positive_loss_factor / safe_denominator(norm.num_positive) * pos * pos_adv * w_pos
+    a_neg = negative_loss_factor / safe_denominator(norm.num_negative) * (1 - pos) * adv * w_neg
+    return a_pos, a_neg
+
+
+def oreal_actor_loss(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    is_positive: torch.Tensor,
+    w_pos: torch.Tensor | None,
+    w_neg: torch.Tensor | None,
+    norm: Normalisers,
+    *,
+    positive_loss_factor: float,
+    negative_loss_factor: float,
+    kl_coef: float,
+    kl_type: str,
+    pos_mult_adv: bool,
+) -> ActorLossTerms:
+    """OREAL actor loss of one micro-batch (module docstring formula).
+
+    Normalisers: N_pos for the positive term, N_neg for the negative, N_act for the KL, all
+    global over the step. The negative term's value is ``-(beta/N_neg) sum A w-`` (the ratio is
+    1) and its gradient is ``-(beta/N_neg) A w-`` per token.
+
+    Args:
+        logprobs: ``[T]`` actor log-probs of the action tokens (with grad), packed.
+        ref_logprobs: ``[T]`` reference log-probs.
+        advantages: ``[T]`` fp32, each token carries its sequence's A_i.
+        is_positive: ``[T]`` bool, its sequence's reward > 0.
+        w_pos, w_neg: ``[T]`` RM token weights, or None without a token RM (weight 1).
+        norm: the step's global normalisers.
+        positive_loss_factor, negative_loss_factor, kl_coef: alpha, beta, kappa.
+        kl_type: see ``kl_penalty``.
+        pos_mult_adv: multiply the positive term by A_i.
+
+    Returns:
+        ``ActorLossTerms``.
+    """
+    lp = logprobs.float()
+    a_pos, a_neg = _sample_weights(advantages, is_positive, w_pos, w_neg, norm,
+                                   positive_loss_factor, negative_loss_factor, pos_mult_adv)
+    positive = (a_pos * -lp).sum()
+    negative = -(a_neg * torch.exp(lp - lp.detach())).sum()
+    kl = kl_coef / safe_denominator(norm.num_action) * kl_penalty(lp, ref_logprobs, kl_type).sum()
+    return ActorLossTerms(positive + negative + kl, positive.detach(), negative.detach(), kl.detach())
+
+
+def oreal_logprob_grad(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    is_positive: torch.Tensor,
+    w_pos: torch.Tensor | None,
+    w_neg: torch.Tensor | None,
+    norm: Normalisers,
+    *,
+    positive_loss_factor: float,
+    negative_loss_factor: float,
+    kl_coef: float,
+    kl_type: str,
+    pos_mult_adv: bool,
+) -> torch.Tensor:
+    """``g = dL/dl`` per token, in closed form (reference 4.11); the logits' gradient is then
+    ``g_t (onehot(a_t) - softmax(z_t))``. Same arguments as ``oreal_actor_loss``.
+
+    For unbias: ``g = -(alpha/N_pos) A^[pos_mult_adv] w+ [r>0] - (beta/N_neg) A w- [r<=0]
+    + (kappa/N_act)(1 - exp(lref - l))``.
+
+    Returns:
+        ``[T]`` fp32, detached.
+    """
+    lp = logprobs.detach().float()
+    a_pos, a_neg = _sample_weights(advantages, is_positive, w_pos, w_neg, norm,
+                                   positive_loss_factor, negative_loss_factor, pos_mult_adv)
+    kl = kl_coef / safe_denominator(norm.num_action) * kl_penalty_grad(lp, ref_logprobs, kl_type)
+    return -a_pos - a_neg + kl
+
+
+class ActorMetricSums(NamedTuple):
+    """Sums behind the official ``avg_adv``, ``avg_gen_entropy`` and ``avg_ref_kl``; add them
+    over micro-batches (and ranks), then call ``actor_metrics``. 0-d fp32 tensors.
+
+    Attributes:
+        adv_sum: sum over sequences of A_i (once per sequence, not per token).
+        neg_logprob_sum: sum over tokens of -l.
+        ref_kl_sum: sum over tokens of l - lref.
+        num_tokens: sum of R_i.
+    """
+
+    adv_sum: torch.Tensor
+    neg_logprob_sum: torch.Tensor
+    ref_kl_sum: torch.Tensor
+    num_tokens: torch.Tensor
+
+
+def actor_metric_sums(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, seq_advantages: torch.Tensor
+) -> ActorMetricSums:
+    """Metric sums of one micro-batch.
+
+    Args:
+        logprobs: ``[T]`` actor log-probs (detached here).
+        ref_logprobs: ``[T]`` reference log-probs.
+        seq_advantages: ``[M_mb]`` A_i, one per sequence.
+
+    Returns:
+        ``ActorMetricSums``.
+    """
+    lp = logprobs.detach().float()
+    return ActorMetricSums(
+        seq_advantages.float().sum(),
+        -lp.sum(),
+        (lp - ref_logprobs.float()).sum(),
+        torch.tensor(float(lp.numel()), device=lp.device),
+    )
+
+
+def actor_metrics(sums: ActorMetricSums) -> dict[str, torch.Tensor]:
+    """The official averages, each over ``num_tokens``:
+
+    ``avg_adv`` = sum_i A_i / sum_i R_i (a per-sequence sum over a token count, as the
+    official trainer logs it), ``avg_gen_entropy`` = mean -l (the sampled tokens' NLL, not the
+    true entropy), ``avg_ref_kl`` = mean (l - lref) (k1).
+    """
+    n = safe_denominator(sums.num_tokens)
+    return {
+        "avg_adv": sums.adv_sum / n,
+        "avg_gen_entropy": sums.neg_logprob_sum / n,
+        "avg_ref_kl": sums.ref_kl_sum / n,
+    }
