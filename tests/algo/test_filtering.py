@@ -1,0 +1,66 @@
+import random
+
+import pytest
+
+from oreal_fast.algo import filter_one_pair, keep_all, select_trajectories
+
+K = 4
+# groups: mixed (c=1), all correct, mixed (c=3), all wrong, mixed (c=2)
+REWARDS = [
+    -1.0, 1.0, -1.0, -1.0,
+    1.0, 1.0, 1.0, 1.0,
+    1.0, -1.0, 1.0, 1.0,
+    -1.0, -1.0, -1.0, -1.0,
+    -1.0, 1.0, -1.0, 1.0,
+]
+
+
+def _expected(seed: int) -> list[int]:
+    # Independent replay: per mixed group choice(correct) then choice(incorrect).
+    rng = random.Random(seed)
+    picks = []
+    picks.append(rng.choice([1]))
+    picks.append(rng.choice([0, 2, 3]))
+    picks.append(rng.choice([8, 10, 11]))
+    picks.append(rng.choice([9]))
+    picks.append(rng.choice([17, 19]))
+    picks.append(rng.choice([16, 18]))
+    return picks
+
+
+@pytest.mark.parametrize("seed", [0, 1, 12345])
+def test_filter_replays_random_stream(seed):
+    kept = filter_one_pair(REWARDS, K, random.Random(seed))
+    assert kept.indices == _expected(seed)
+    assert kept.pass_rates == [0.25, 0.25, 0.75, 0.75, 0.5, 0.5]
+
+
+def test_filter_leaves_rng_where_official_does():
+    rng = random.Random(7)
+    filter_one_pair(REWARDS, K, rng)
+    ref = random.Random(7)
+    _ = [ref.choice(range(n)) for n in (1, 3, 3, 1, 2, 2)]
+    assert rng.random() == ref.random()
+
+
+def test_filter_all_uniform_is_empty():
+    kept = filter_one_pair([1.0] * 4 + [-1.0] * 4, K, random.Random(0))
+    assert kept.indices == [] and kept.pass_rates == []
+
+
+def test_keep_all():
+    kept = keep_all(REWARDS, K)
+    assert kept.indices == list(range(20))
+    assert kept.pass_rates == [0.25] * 4 + [1.0] * 4 + [0.75] * 4 + [0.0] * 4 + [0.5] * 4
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_select_dispatch(flag):
+    got = select_trajectories(REWARDS, K, random.Random(3), flag)
+    want = filter_one_pair(REWARDS, K, random.Random(3)) if flag else keep_all(REWARDS, K)
+    assert got == want
+
+
+def test_bad_length_raises():
+    with pytest.raises(ValueError, match="multiple of prompt_repeat_k"):
+        filter_one_pair([1.0] * 5, K, random.Random(0))

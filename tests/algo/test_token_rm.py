@@ -1,0 +1,115 @@
+import math
+
+import pytest
+import torch
+
+from oreal_fast.algo import (
+    cumulative_means,
+    rm_bce_loss,
+    rm_token_weights,
+    sequence_means,
+    threshold_weights,
+    topk_weights,
+)
+
+CU = torch.tensor([0, 3, 5], dtype=torch.int32)
+SCORES = [1.0, 3.0, -2.0, 4.0, 0.0]
+
+
+def _sigmoid(x: float) -> float:
+    return 1 / (1 + math.exp(-x))
+
+
+def _logit(p: float) -> float:
+    return math.log(p / (1 - p))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cumulative_means_restart_per_sequence(dtype):
+    c = cumulative_means(torch.tensor(SCORES, dtype=dtype), CU)
+    assert c.dtype == torch.float32 and not c.requires_grad
+    torch.testing.assert_close(c, torch.tensor([1.0, 2.0, 2.0 / 3.0, 4.0, 2.0]))
+
+
+def test_sequence_means_value_and_grad():
+    s = torch.tensor(SCORES, requires_grad=True)
+    m = sequence_means(s, CU)
+    torch.testing.assert_close(m, torch.tensor([2.0 / 3.0, 2.0]))
+    (m * torch.tensor([1.0, 10.0])).sum().backward()
+    torch.testing.assert_close(s.grad, torch.tensor([1 / 3, 1 / 3, 1 / 3, 10 / 2, 10 / 2]))
+
+
+def test_rm_bce_hand_formula():
+    m = torch.tensor([0.4, -1.2, 0.0])
+    rewards = torch.tensor([1.0, -1.0, -1.0])
+    # y = int(max(r, 0)): 1, 0, 0; global M = 5 (other micro-batches hold the rest)
+    want = (-math.log(_sigmoid(0.4)) - math.log(1 - _sigmoid(-1.2)) - math.log(0.5)) / 5
+    got = rm_bce_loss(m, rewards, torch.tensor(5))
+    assert got.item() == pytest.approx(want, rel=1e-6)
+
+
+def test_zero_head_gives_log2_and_zero_weights():
+    s = torch.zeros(5)
+    loss = rm_bce_loss(sequence_means(s, CU), torch.tensor([1.0, -1.0]), torch.tensor(2))
+    assert loss.item() == pytest.approx(math.log(2), rel=1e-6)
+    w_pos, w_neg = threshold_weights(cumulative_means(s, CU), 0.5, 0.5)
+    assert torch.equal(w_pos, torch.zeros(5)) and torch.equal(w_neg, torch.zeros(5))
+
+
+def test_threshold_half_is_exclusive_tanh():
+    c = torch.tensor([2.0, -1.0, 0.0, 0.3])
+    w_pos, w_neg = threshold_weights(c, 0.5, 0.5)
+    want_pos = [max(0.0, math.tanh(x / 2)) for x in c.tolist()]
+    want_neg = [max(0.0, -math.tanh(x / 2)) for x in c.tolist()]
+    torch.testing.assert_close(w_pos, torch.tensor(want_pos))
+    torch.testing.assert_close(w_neg, torch.tensor(want_neg))
+
+
+def test_threshold_other_taus():
+    c = torch.tensor([_logit(0.9), _logit(0.85), _logit(0.1), _logit(0.5)])
+    w_pos, w_neg = threshold_weights(c, 0.8, 0.6)
+    # w+ = clamp((p - 0.8)/0.2), w- = clamp(((1-p) - 0.6)/0.4)
+    torch.testing.assert_close(w_pos, torch.tensor([0.5, 0.25, 0.0, 0.0]))
+    torch.testing.assert_close(w_neg, torch.tensor([0.0, 0.0, 0.75, 0.0]))
+
+
+def test_topk_min_max_per_sequence():
+    p = [0.9, 0.2, 0.6, 0.7, 0.1] + [0.3] + [0.4, 0.4, 0.4]
+    cu = torch.tensor([0, 5, 6, 9])
+    c = torch.tensor([_logit(x) for x in p])
+    w_pos, w_neg = topk_weights(c, cu, 0.8, 0.4)
+    # seq 0, K = int(5 * 0.8) = 4 of p+: {0.9, 0.7, 0.6, 0.2} -> (p - 0.2) / 0.7
+    # seq 1, K = int(0.8) = 0 -> 1 (kept token gets 1)
+    # seq 2, K = int(2.4) = 2 equal values -> 1, ties broken by the earliest tokens
+    want_pos = [1.0, 0.0, 4 / 7, 5 / 7, 0.0] + [1.0] + [1.0, 1.0, 0.0]
+    torch.testing.assert_close(w_pos, torch.tensor(want_pos), atol=1e-5, rtol=0)
+    # seq 0, K = int(2.0) = 2 of p- = {0.1, 0.8, 0.4, 0.3, 0.9}: {0.9, 0.8} -> 1, 0
+    # seq 1, K = 1; seq 2 K = int(1.2) = 1, ties: the earliest token
+    want_neg = [0.0, 0.0, 0.0, 0.0, 1.0] + [1.0] + [1.0, 0.0, 0.0]
+    torch.testing.assert_close(w_neg, torch.tensor(want_neg), atol=1e-5, rtol=0)
+
+
+def _kwargs(threshold: bool, topk: bool) -> dict:
+    return dict(
+        threshold_rescale=threshold, correct_threshold=0.5, incorrect_threshold=0.5,
+        topk_rescale=topk, correct_topk_ratio=0.5, incorrect_topk_ratio=0.5,
+    )
+
+
+@pytest.mark.parametrize("threshold,topk", [(True, False), (True, True), (False, True)])
+def test_rm_token_weights_dispatch(threshold, topk):
+    c = torch.tensor([0.5, -0.2, 1.0, -3.0, 0.1])
+    got = rm_token_weights(c, CU, **_kwargs(threshold, topk))
+    want = threshold_weights(c, 0.5, 0.5) if threshold else topk_weights(c, CU, 0.5, 0.5)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_rm_token_weights_needs_a_mode():
+    with pytest.raises(ValueError, match="threshold_rescale"):
+        rm_token_weights(torch.zeros(5), CU, **_kwargs(False, False))
+
+
+@pytest.mark.parametrize("tau", [1.0, -0.1])
+def test_bad_threshold_raises(tau):
+    with pytest.raises(ValueError, match="correct_threshold"):
+        threshold_weights(torch.zeros(2), tau, 0.5)
