@@ -1,0 +1,519 @@
+"""Loads a Python config file into one validated, typed :class:`TrainConfig`.
+
+A config file is plain Python with the official trainer's flat field names (``actor``,
+``gen_global_batch``, ``kl_coef``, ...), so an official OREAL config ports by copy. The loader runs
+the file in a namespace of its own (as the official ``Config.fromfile`` does): every module-level
+name that does not start with ``_`` becomes a key; modules, functions and classes are dropped.
+A variant imports its base and changes a few fields, either ``from configs.a100_40g import *``
+or ``from a100_40g import *`` (the file's folder and its parent are importable while it runs;
+nothing stays in ``sys.modules`` or ``sys.path`` afterwards).
+
+What it does not do: load models, tokenizers or data. The one check that needs a tokenizer is
+:func:`validate_stop_word`, which the trainer calls once the tokenizer is loaded.
+
+Invariant: a :class:`TrainConfig` returned by :func:`load_config` has passed every check below;
+each failure is a :class:`ConfigError` whose message names the key, the file and the allowed range.
+Absent keys take the official trainer's behaviour: the ``args.get`` default where the official code
+has one (reference 2.1, last paragraph), otherwise the value of the official 7B config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+# Keys that default to another key's value when absent (the official ``args.get(key, other)``).
+_DEFAULTS_FROM = {
+    "reference": "actor",
+    "rl_global_batch": "gen_global_batch",
+    "rm_warmup_steps": "warmup_steps",
+    "actor_min_lr": "actor_lr",
+    "token_level_rm_lr_min": "token_level_rm_lr",
+}
+
+
+class ConfigError(Exception):
+    """A bad config value; the message names the key, the file and what is allowed."""
+
+
+@dataclass
+class TrainConfig:
+    """Every setting of one training run (flat official names; reference section 2.1)."""
+
+    # --- models (reference 2.1, 1.1) ---
+    actor: str
+    """Initial policy and tokenizer source: HF hub id, local folder, .gguf path or package://<module>/<file>."""
+    datasets: str | list[str]
+    """Prompt sources: .jsonl paths (or package:// refs) and/or HF dataset ids, concatenated in order."""
+    reference: str | None = None
+    """Frozen reference model; absent = the actor."""
+    token_level_rm: str | None = None
+    """Backbone of the token-level reward model; None = no RM (token weights 1.0, no RM loss)."""
+    chat_template: str | None = None
+    """Jinja chat template that replaces the tokenizer's; None = keep the tokenizer's own."""
+    stop_word: str = "<|im_end|>"
+    """The only generation stop token; must encode to exactly one token id."""
+    dtype: str = "auto"
+    """Parameter dtype: auto (bf16 where supported, else fp16) | bf16 | fp16 | fp32."""
+    selective_recompute: float = 1.0
+    """Fraction of decoder layers whose activations are recomputed in backward, in [0, 1]."""
+    cpu_offload: bool = False
+    """Offload parameters to CPU memory between uses (FSDP)."""
+    cuda_graph: bool = True
+    """Replay decode steps of generation as CUDA graphs."""
+    tp_size: int = 1
+    """Tensor-parallel degree (GPUs per model replica)."""
+    sp_size: int = 1
+    """Sequence-parallel degree."""
+
+    # --- data (reference 3) ---
+    data_difficulty_balance_cfg: list[tuple[tuple[float, float], int]] | None = field(
+        default_factory=lambda: [((0.0, 0.2), 6), ((0.2, 0.4), 4), ((0.4, 0.6), 4), ((0.6, 0.8), 2)]
+    )
+    """Buckets ((low, high), copies) on pass_rate, low <= p < high, first match wins; None/[] = no balancing."""
+    num_workers: int = 0
+    """Prompt loader worker processes."""
+    max_prompts: int | None = None
+    """Keep only the first N prompt records before balancing (quick runs); None = all."""
+
+    # --- generation (reference 4.2) ---
+    gen_global_batch: int = 1024
+    """Samples generated per step over all ranks (= prompts per step x prompt_repeat_k)."""
+    gen_max_new: int = 14000
+    """Max new tokens per sample (the stop token included)."""
+    gen_max_length: int = 16384
+    """Max prompt + response tokens per sample."""
+    gen_top_k: int = 0
+    """Top-k filter size in tokens; 0 = off."""
+    gen_top_p: float = 0.9
+    """Nucleus sampling mass, in (0, 1]; 1 = off."""
+    temperature: float = 1.0
+    """Sampling temperature (generation only, never applied to training logits), > 0."""
+    gen_do_sample: bool = True
+    """Multinomial sampling; False = greedy."""
+    max_prefill_batch: int = 16
+    """Prompts per prefill chunk."""
+    prompt_repeat_k: int = 16
+    """Samples per prompt (k), >= 2."""
+
+    # --- RL phase and optimisers (reference 4.5-4.14) ---
+    rl_global_batch: int | None = None
+    """RL batch in sequences, used only when filter_trajectory is False; absent = gen_global_batch."""
+    rl_mirco_batch: int = 2
+    """Sequences per packed RL micro-batch (official spelling)."""
+    filter_trajectory: bool = True
+    """Keep one correct + one incorrect sample per mixed group."""
+    warmup_steps: int = 10
+    """Linear LR warmup, in steps (both models' warmup test uses this one)."""
+    rm_warmup_steps: int | None = None
+    """Token-level RM warmup length in steps; absent = warmup_steps."""
+    total_steps: int = 90
+    """RL steps (capped at the number of prompt batches)."""
+    actor_freeze_steps: int = 10
+    """Steps at the start during which only the RM is updated."""
+    actor_lr: float = 5e-7
+    """Actor peak learning rate."""
+    actor_min_lr: float | None = None
+    """Actor cosine floor; absent = actor_lr."""
+    token_level_rm_lr: float = 2e-6
+    """Token-level RM peak learning rate."""
+    token_level_rm_lr_min: float | None = None
+    """Token-level RM cosine floor; absent = token_level_rm_lr."""
+    wd: float = 0.01
+    """AdamW weight decay, both models."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping threshold (global L2 norm), both models."""
+
+    # --- token weights from the RM (reference 4.10) ---
+    threshold_rescale: bool = False
+    """Map RM probabilities to token weights by thresholds (the official choice)."""
+    correct_threshold: float = 0.5
+    """Threshold for positive weights, in [0, 1)."""
+    incorrect_threshold: float = 0.5
+    """Threshold for negative weights, in [0, 1)."""
+    topk_rescale: bool = False
+    """Map RM probabilities to token weights by per-sequence top-k (alternative)."""
+    correct_topk_ratio: float = 0.5
+    """Fraction of a correct response's tokens weighted, in (0, 1]."""
+    incorrect_topk_ratio: float = 0.5
+    """Fraction of an incorrect response's tokens weighted, in (0, 1]."""
+
+    # --- loss (reference 4.4, 4.11) ---
+    reward_shaping_type: str = "rloo"
+    """Advantage estimator: rloo | grpo."""
+    loss_type: str = "per_token"
+    """Unused by the official trainer (normalisation is always the global token count); kept for porting."""
+    positive_loss_factor: float = 1.0
+    """Multiplier of the positive (behaviour-cloning) term."""
+    negative_loss_factor: float = 0.5
+    """Multiplier of the negative (policy-gradient) term."""
+    pos_mult_adv: bool = False
+    """Multiply the positive term by the sample's advantage."""
+    kl_coef: float = 0.01
+    """KL-penalty coefficient, >= 0."""
+    kl_type: str = "unbias"
+    """KL estimator: kl | unbias (k3) | mse."""
+
+    # --- outputs (reference 5) ---
+    work_dir: str = "work_dirs"
+    """Output root; each run writes to a timestamped sub-folder."""
+    checkpoint_interval: int | float = 10
+    """-1 = at the end only; in (0, 1) = that fraction of total_steps; >= 1 = every N steps."""
+    log_interval: int = 1
+    """Text-log interval, in steps."""
+    seed: int = 0
+    """Seed of Python random, numpy and torch; also fixes the prompt order."""
+    debug: bool = False
+    """DEBUG log level; trajectory dumps include token ids."""
+
+    # --- judging (reference 4.3) ---
+    judgers_config: dict[str, dict] = field(default_factory=dict)
+    """Judger name -> settings (hosts, stop_word, ...), checked by the judge package."""
+    data_judger_mapping: dict[str, list[str]] = field(default_factory=lambda: {"math": ["math_judger"]})
+    """data_source -> names of the judgers that score it."""
+
+    # --- ours ---
+    loss_impl: str = "auto"
+    """LM-head loss: auto (fused on CUDA, eager on CPU) | eager | fused."""
+    device: str = "auto"
+    """auto (CUDA if available) | cpu | cuda."""
+    resume: str | None = None
+    """None = fresh run; "auto" = latest checkpoint in work_dir; else a checkpoint folder."""
+    config_path: str = ""
+    """The config file this was loaded from (set by the loader)."""
+
+    def checkpoint_every(self) -> int:
+        """Checkpoint interval in steps, resolved as the official trainer does (reference 5.3)."""
+        return _resolve_interval(self.checkpoint_interval, self.total_steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        """All fields as plain Python values (for logging and for the run's saved config)."""
+        return dataclasses.asdict(self)
+
+
+def _resolve_interval(value: int | float, total_steps: int) -> int:
+    if value == -1:
+        return total_steps
+    if value < 1:
+        return int(total_steps * value)
+    return int(value)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def load_config(path: str, overrides: dict[str, object] | None = None) -> TrainConfig:
+    """Runs a config file, applies command-line overrides and validates the result.
+
+    Args:
+        path: the config file (a Python module).
+        overrides: key -> value, already parsed (e.g. by python-fire); each must be a known key.
+
+    Returns:
+        The validated config; reference, rl_global_batch, rm_warmup_steps and the LR floors are
+        filled in from their defaults, balance buckets are tuples, datasets a str or list[str].
+
+    Raises:
+        ConfigError: naming the key, the file and the allowed range.
+    """
+    raw = _run_config_file(path)
+    overrides = dict(overrides or {})
+    raw.update(overrides)
+    return _validate(raw, path, set(overrides))
+
+
+def _run_config_file(path: str) -> dict[str, Any]:
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file {path!r} does not exist")
+    path = os.path.abspath(path)
+    folder = os.path.dirname(path)
+    with open(path, encoding="utf-8") as f:
+        source = f.read()
+    namespace: dict[str, Any] = {"__file__": path, "__name__": "__oreal_config__"}
+    modules_before = set(sys.modules)
+    path_before = list(sys.path)
+    sys.path[:0] = [folder, os.path.dirname(folder)]
+    try:
+        exec(compile(source, path, "exec"), namespace)
+    except Exception as e:  # any error inside the user's file becomes one line
+        line = _error_line(e, path)
+        raise ConfigError(f"error while running config {path}{line}: {type(e).__name__}: {e}") from None
+    finally:
+        sys.path[:] = path_before
+        _forget_modules_under(folder, set(sys.modules) - modules_before)
+    return {
+        k: v for k, v in namespace.items()
+        if not k.startswith("_")
+        and not isinstance(v, (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type))
+    }
+
+
+def _error_line(e: Exception, path: str) -> str:
+    if isinstance(e, SyntaxError) and e.lineno:
+        return f", line {e.lineno}"
+    tb = e.__traceback__
+    lineno = None
+    while tb is not None:  # the innermost frame that belongs to the config file
+        if tb.tb_frame.f_code.co_filename == path:
+            lineno = tb.tb_lineno
+        tb = tb.tb_next
+    return f", line {lineno}" if lineno else ""
+
+
+def _forget_modules_under(folder: str, names: set[str]) -> None:
+    """Drops sibling config modules imported while a config ran, so each load starts fresh."""
+    root = os.path.join(folder, "")
+    for name in names:
+        module = sys.modules.get(name)
+        files = [getattr(module, "__file__", None) or ""] + list(getattr(module, "__path__", []) or [])
+        if any(os.path.join(os.path.abspath(f), "").startswith(root) for f in files if f):
+            del sys.modules[name]
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+class _Checker:
+    """Builds error messages that name key, file and (when set there) the command line."""
+
+    def __init__(self, path: str, overridden: set[str]):
+        self.path = path
+        self.overridden = overridden
+
+    def fail(self, key: str, why: str) -> typing.NoReturn:
+        where = " (set on the command line)" if key in self.overridden else ""
+        raise ConfigError(f"{key} in {self.path}{where}: {why}")
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+def _validate(raw: dict[str, Any], path: str, overridden: set[str]) -> TrainConfig:
+    c = _Checker(path, overridden)
+    for key in raw:
+        if key not in _FIELDS or key == "config_path":
+            close = difflib.get_close_matches(key, list(_FIELDS), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            c.fail(key, f"unknown key{hint}")
+    for key in ("actor", "datasets"):
+        if key not in raw:
+            c.fail(key, "missing; every config must set it")
+    values = dict(raw)
+    for key, other in _DEFAULTS_FROM.items():
+        if values.get(key) is None and other in values:
+            values[key] = values[other]
+    hints = typing.get_type_hints(TrainConfig)
+    for key, value in values.items():
+        values[key] = _check_type(c, key, value, hints[key])
+    cfg = TrainConfig(**values, config_path=path)
+    for key, other in _DEFAULTS_FROM.items():  # when the source key was absent too
+        if getattr(cfg, key) is None:
+            setattr(cfg, key, getattr(cfg, other))
+    _check_ranges(c, cfg)
+    _check_combinations(c, cfg)
+    _check_judgers(c, cfg)
+    return cfg
+
+
+def _type_name(t: Any) -> str:
+    return getattr(t, "__name__", None) or str(t).replace("typing.", "")
+
+
+def _check_type(c: _Checker, key: str, value: Any, hint: Any) -> Any:
+    """Checks one value against its field type; returns it normalised (int -> float, tuples)."""
+    if key == "datasets":
+        return _check_datasets(c, value)
+    if key == "data_difficulty_balance_cfg":
+        return _check_buckets(c, value)
+    if key in ("judgers_config", "data_judger_mapping"):
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            c.fail(key, f"must be a dict with str keys, got {type(value).__name__}")
+        return dict(value)
+    options = typing.get_args(hint) if typing.get_origin(hint) in (types.UnionType, typing.Union) else (hint,)
+    if value is None and type(None) in options:
+        return None
+    for t in options:
+        if t is bool and isinstance(value, bool):
+            return value
+        if t is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return value if isinstance(value, int) and int in options else float(value)
+        if t is str and isinstance(value, str):
+            return value
+    allowed = " or ".join(_type_name(t) if t is not type(None) else "None" for t in options)
+    c.fail(key, f"expected {allowed}, got {type(value).__name__} {value!r}")
+
+
+def _check_datasets(c: _Checker, value: Any) -> str | list[str]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items or not all(isinstance(s, str) and s for s in items):
+        c.fail("datasets", f"expected a non-empty str or a non-empty list of str, got {value!r}")
+    from oreal_fast.data.prompts import resolve_path
+
+    for source in items:
+        if source.endswith(".jsonl"):
+            try:
+                local = resolve_path(source)
+            except ValueError as e:
+                c.fail("datasets", str(e))
+            if not os.path.isfile(local):
+                c.fail("datasets", f"jsonl file {local!r} does not exist")
+    return value if isinstance(value, str) else list(value)
+
+
+def _check_buckets(c: _Checker, value: Any) -> list[tuple[tuple[float, float], int]] | None:
+    if value is None:
+        return None
+    key = "data_difficulty_balance_cfg"
+    if not isinstance(value, (list, tuple)):
+        c.fail(key, f"expected a list of ((low, high), copies) or None, got {type(value).__name__}")
+    buckets = []
+    for i, bucket in enumerate(value):
+        try:
+            (low, high), copies = bucket
+        except (TypeError, ValueError):
+            c.fail(key, f"entry {i} is {bucket!r}; expected ((low, high), copies)")
+        numbers_ok = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (low, high))
+        if not numbers_ok or not low < high:
+            c.fail(key, f"entry {i}: bounds {(low, high)!r} must be numbers with low < high")
+        if not isinstance(copies, int) or isinstance(copies, bool) or copies < 0:
+            c.fail(key, f"entry {i}: copies {copies!r} must be an int >= 0")
+        buckets.append(((float(low), float(high)), copies))
+    return buckets
+
+
+def _check_ranges(c: _Checker, cfg: TrainConfig) -> None:
+    at_least = {
+        "tp_size": 1, "sp_size": 1, "num_workers": 0, "gen_global_batch": 1, "gen_max_new": 1,
+        "gen_max_length": 2, "gen_top_k": 0, "max_prefill_batch": 1, "prompt_repeat_k": 2,
+        "rl_global_batch": 1, "rl_mirco_batch": 1, "warmup_steps": 0, "rm_warmup_steps": 0,
+        "total_steps": 1, "actor_freeze_steps": 0, "log_interval": 1, "seed": 0,
+    }
+    for key, low in at_least.items():
+        if getattr(cfg, key) < low:
+            c.fail(key, f"must be an int >= {low}, got {getattr(cfg, key)}")
+    if cfg.seed >= 2**32:
+        c.fail("seed", f"must be < 2**32 (numpy seeds are 32-bit), got {cfg.seed}")
+    if cfg.max_prompts is not None and cfg.max_prompts < 1:
+        c.fail("max_prompts", f"must be None or an int >= 1, got {cfg.max_prompts}")
+    for key in ("actor_lr", "actor_min_lr", "token_level_rm_lr", "token_level_rm_lr_min", "wd",
+                "kl_coef", "positive_loss_factor", "negative_loss_factor"):
+        value = getattr(cfg, key)
+        if not math.isfinite(value) or value < 0:
+            c.fail(key, f"must be a finite float >= 0, got {value}")
+    _in_range(c, cfg, "selective_recompute", 0.0, 1.0, "[0, 1]", lambda v, lo, hi: lo <= v <= hi)
+    _in_range(c, cfg, "gen_top_p", 0.0, 1.0, "(0, 1]", lambda v, lo, hi: lo < v <= hi)
+    _in_range(c, cfg, "correct_threshold", 0.0, 1.0, "[0, 1)", lambda v, lo, hi: lo <= v < hi)
+    _in_range(c, cfg, "incorrect_threshold", 0.0, 1.0, "[0, 1)", lambda v, lo, hi: lo <= v < hi)
+    # K = int(R * ratio) can still be 0 for short responses; the token-weight code handles that.
+    _in_range(c, cfg, "correct_topk_ratio", 0.0, 1.0, "(0, 1]", lambda v, lo, hi: lo < v <= hi)
+    _in_range(c, cfg, "incorrect_topk_ratio", 0.0, 1.0, "(0, 1]", lambda v, lo, hi: lo < v <= hi)
+    if not cfg.temperature > 0 or not math.isfinite(cfg.temperature):
+        c.fail("temperature", f"must be a finite float > 0, got {cfg.temperature}")
+    if not cfg.max_grad_norm > 0:
+        c.fail("max_grad_norm", f"must be > 0, got {cfg.max_grad_norm}")
+    choices = {
+        "dtype": ("auto", "bf16", "fp16", "fp32"), "reward_shaping_type": ("rloo", "grpo"),
+        "kl_type": ("kl", "unbias", "mse"), "loss_impl": ("auto", "eager", "fused"),
+        "device": ("auto", "cpu", "cuda"),
+    }
+    for key, allowed in choices.items():
+        if getattr(cfg, key) not in allowed:
+            c.fail(key, f"must be one of {', '.join(allowed)}; got {getattr(cfg, key)!r}")
+    for key in ("actor", "reference", "stop_word", "work_dir"):
+        if not getattr(cfg, key):
+            c.fail(key, "must be a non-empty str")
+
+
+def _in_range(c: _Checker, cfg: TrainConfig, key: str, lo: float, hi: float, text: str, ok) -> None:
+    if not ok(getattr(cfg, key), lo, hi):
+        c.fail(key, f"must be in {text}, got {getattr(cfg, key)}")
+
+
+def _check_combinations(c: _Checker, cfg: TrainConfig) -> None:
+    if cfg.gen_global_batch % cfg.prompt_repeat_k:
+        c.fail("gen_global_batch", f"{cfg.gen_global_batch} is not divisible by prompt_repeat_k = "
+               f"{cfg.prompt_repeat_k}; it must be prompts per step x prompt_repeat_k")
+    if cfg.gen_max_new >= cfg.gen_max_length:
+        c.fail("gen_max_new", f"{cfg.gen_max_new} must be < gen_max_length = {cfg.gen_max_length} "
+               "(the prompt needs room too)")
+    if cfg.actor_min_lr > cfg.actor_lr:
+        c.fail("actor_min_lr", f"{cfg.actor_min_lr} is above the peak actor_lr = {cfg.actor_lr}")
+    if cfg.token_level_rm_lr_min > cfg.token_level_rm_lr:
+        c.fail("token_level_rm_lr_min",
+               f"{cfg.token_level_rm_lr_min} is above the peak token_level_rm_lr = {cfg.token_level_rm_lr}")
+    # The cosine phase has T_max = total_steps - warmup, and T_max = 0 divides by zero (reference 4.13).
+    for key in ("warmup_steps", "rm_warmup_steps"):
+        if getattr(cfg, key) >= cfg.total_steps:
+            c.fail(key, f"{getattr(cfg, key)} must be < total_steps = {cfg.total_steps}")
+    if cfg.token_level_rm is not None:
+        if not cfg.threshold_rescale and not cfg.topk_rescale:
+            c.fail("token_level_rm", "a token-level RM is set but threshold_rescale and topk_rescale "
+                   "are both False; set exactly one to True (or token_level_rm = None)")
+        if cfg.threshold_rescale and cfg.topk_rescale:
+            c.fail("topk_rescale", "threshold_rescale and topk_rescale are both True; set exactly one "
+                   "(the official trainer would silently ignore topk_rescale)")
+    interval = cfg.checkpoint_interval
+    if not (interval == -1 or 0 < interval):
+        c.fail("checkpoint_interval", f"must be -1, in (0, 1) or >= 1; got {interval}")
+    if cfg.checkpoint_every() < 1:
+        c.fail("checkpoint_interval", f"{interval} x total_steps {cfg.total_steps} rounds down to 0 "
+               f"steps; use a fraction >= {1 / cfg.total_steps:.4g}, an int >= 1 or -1")
+    if cfg.resume not in (None, "auto") and not os.path.isdir(cfg.resume):
+        c.fail("resume", f"checkpoint folder {cfg.resume!r} does not exist (use None, 'auto' or a folder)")
+    if cfg.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            c.fail("device", "'cuda' was asked for but no CUDA device is available (use 'auto' or 'cpu')")
+
+
+def _check_judgers(c: _Checker, cfg: TrainConfig) -> None:
+    from oreal_fast.judge.settings import parse_judger_settings
+
+    for name, raw in cfg.judgers_config.items():
+        if not isinstance(raw, dict):
+            c.fail("judgers_config", f"entry {name!r} must be a dict of settings, got {type(raw).__name__}")
+        try:
+            parse_judger_settings(name, raw)
+        except ValueError as e:
+            c.fail("judgers_config", str(e))
+    if "math" not in cfg.data_judger_mapping:
+        c.fail("data_judger_mapping", "must map 'math' (the data_source of every prompt) to judgers")
+    for source, names in cfg.data_judger_mapping.items():
+        if not isinstance(names, (list, tuple)) or not names or not all(isinstance(n, str) for n in names):
+            c.fail("data_judger_mapping", f"{source!r} must map to a non-empty list of judger names")
+        missing = [n for n in names if n not in cfg.judgers_config]
+        if missing:
+            c.fail("data_judger_mapping", f"{source!r} names judger(s) {missing} that judgers_config does "
+                   f"not define (defined: {sorted(cfg.judgers_config)})")
+        cfg.data_judger_mapping[source] = list(names)
+
+
+def validate_stop_word(cfg: TrainConfig, tokenizer: Any) -> int:
+    """Checks that ``cfg.stop_word`` is exactly one token of ``tokenizer``.
+
+    Args:
+        cfg: the loaded config.
+        tokenizer: the actor's tokenizer (a transformers tokenizer).
+
+    Returns:
+        The stop token id.
+
+    Raises:
+        ConfigError: when the stop word encodes to zero or several tokens.
+    """
+    ids = tokenizer.encode(cfg.stop_word, add_special_tokens=False)
+    if len(ids) != 1:
+        _Checker(cfg.config_path, set()).fail(
+            "stop_word", f"{cfg.stop_word!r} encodes to {len(ids)} tokens {ids} with the tokenizer of "
+            f"{cfg.actor!r}; it must be exactly one token (a special token such as '<|im_end|>')")
+    return ids[0]
