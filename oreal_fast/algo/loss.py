@@ -64,7 +64,9 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kl_type: str)
     return d * d / 2
 
 
-def kl_penalty_grad(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kl_type: str) -> torch.Tensor:
+def kl_penalty_grad(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kl_type: str
+) -> torch.Tensor:
     """``dk/dl`` per token: ``1 - exp(d)`` (unbias), ``-1`` (kl), ``-d`` (mse). ``[T]`` fp32."""
     _check_kl_type(kl_type)
     d = ref_logprobs.float() - logprobs.float()
@@ -75,8 +77,16 @@ def kl_penalty_grad(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kl_type:
     return -d
 
 
-def _sample_weights(advantages, is_positive, w_pos, w_neg, norm, positive_loss_factor,
-                    negative_loss_factor, pos_mult_adv):
+def _sample_weights(
+    advantages: torch.Tensor,
+    is_positive: torch.Tensor,
+    w_pos: torch.Tensor | None,
+    w_neg: torch.Tensor | None,
+    norm: Normalisers,
+    positive_loss_factor: float,
+    negative_loss_factor: float,
+    pos_mult_adv: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token coefficients a+ (of -l) and a- (of the ratio), normalisers folded in."""
     adv = advantages.float()
     pos = is_positive.float()
@@ -129,7 +139,8 @@ def oreal_actor_loss(
     positive = (a_pos * -lp).sum()
     negative = -(a_neg * torch.exp(lp - lp.detach())).sum()
     kl = kl_coef / safe_denominator(norm.num_action) * kl_penalty(lp, ref_logprobs, kl_type).sum()
-    return ActorLossTerms(positive + negative + kl, positive.detach(), negative.detach(), kl.detach())
+    total = positive + negative + kl
+    return ActorLossTerms(total, positive.detach(), negative.detach(), kl.detach())
 
 
 def oreal_logprob_grad(
@@ -159,8 +170,8 @@ def oreal_logprob_grad(
     lp = logprobs.detach().float()
     a_pos, a_neg = _sample_weights(advantages, is_positive, w_pos, w_neg, norm,
                                    positive_loss_factor, negative_loss_factor, pos_mult_adv)
-    kl = kl_coef / safe_denominator(norm.num_action) * kl_penalty_grad(lp, ref_logprobs, kl_type)
-    return -a_pos - a_neg + kl
+    kl_scale = kl_coef / safe_denominator(norm.num_action)
+    return -a_pos - a_neg + kl_scale * kl_penalty_grad(lp, ref_logprobs, kl_type)
 
 
 class ActorMetricSums(NamedTuple):

@@ -55,7 +55,8 @@ def lr_at_step(
         return warm(step)
     epoch = step - branch_warmup_steps
     t_max = total_steps - warmup_steps
-    return min_lr + (warm(branch_warmup_steps) - min_lr) * (1 + math.cos(math.pi * epoch / t_max)) / 2
+    cosine = (1 + math.cos(math.pi * epoch / t_max)) / 2
+    return min_lr + (warm(branch_warmup_steps) - min_lr) * cosine
 
 
 class OfficialLRScheduler:
@@ -101,7 +102,8 @@ class OfficialLRScheduler:
         e, t, eta = self.cosine_epoch, self.t_max, self.min_lr
         if (e - 1 - t) % (2 * t) == 0:
             return self.lr + (self.peak_lr - eta) * (1 - math.cos(math.pi / t)) / 2
-        return (1 + math.cos(math.pi * e / t)) / (1 + math.cos(math.pi * (e - 1) / t)) * (self.lr - eta) + eta
+        ratio = (1 + math.cos(math.pi * e / t)) / (1 + math.cos(math.pi * (e - 1) / t))
+        return ratio * (self.lr - eta) + eta
 
     def _apply(self) -> None:
         for group in self.optimizer.param_groups:

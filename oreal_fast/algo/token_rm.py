@@ -58,7 +58,9 @@ def sequence_means(scores: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tens
     return sums / lens
 
 
-def rm_bce_loss(seq_means: torch.Tensor, rewards: torch.Tensor, num_seqs: torch.Tensor) -> torch.Tensor:
+def rm_bce_loss(
+    seq_means: torch.Tensor, rewards: torch.Tensor, num_seqs: torch.Tensor
+) -> torch.Tensor:
     """This micro-batch's share of ``L_rm = (1/M) sum_i BCEWithLogits(m_i, y_i)``.
 
     Normaliser: M, the number of kept trajectories of the whole step, so the shares of all
@@ -122,7 +124,8 @@ def _topk_minmax(q: torch.Tensor, cu_seqlens: torch.Tensor, ratio: float) -> tor
     hi = q_sorted[cu[:-1]]
     lo = q_sorted[cu[:-1] + k - 1]
     span = (hi - lo)[seg]
-    scaled = torch.where(span > 0, (q_sorted - lo[seg]) / span.clamp(min=torch.finfo(q.dtype).tiny), 1.0)
+    safe_span = span.clamp(min=torch.finfo(q.dtype).tiny)
+    scaled = torch.where(span > 0, (q_sorted - lo[seg]) / safe_span, 1.0)
     w_sorted = torch.where(rank < k[seg], scaled, 0.0)
     return torch.empty_like(q).index_put_((order,), w_sorted)
 
@@ -146,7 +149,8 @@ def topk_weights(
         ``(w_pos [T], w_neg [T])`` fp32.
     """
     p = torch.sigmoid(cum_means.float())
-    return _topk_minmax(p, cu_seqlens, correct_topk_ratio), _topk_minmax(1 - p, cu_seqlens, incorrect_topk_ratio)
+    w_pos = _topk_minmax(p, cu_seqlens, correct_topk_ratio)
+    return w_pos, _topk_minmax(1 - p, cu_seqlens, incorrect_topk_ratio)
 
 
 def rm_token_weights(

@@ -126,7 +126,8 @@ def test_worked_example_10_1():
     adv = torch.tensor([1.6, 1.6, -8 / 15, -8 / 15])
     pos = torch.tensor([True, True, False, False])
     g = oreal_logprob_grad(lp, lp.clone(), adv, pos, w, w, norm, **_coefs())
-    want = [-(1.0 / 60000) * 1.6 * 0.25, -(1.0 / 60000) * 1.6 * 0.5, 2.424e-6 * 1.0, 2.424e-6 * 0.75]
+    # reference: correct g = -(1/60000) 1.6 w+, incorrect g = +2.424e-6 w- (KL part 0 here)
+    want = [-(1 / 60000) * 1.6 * 0.25, -(1 / 60000) * 1.6 * 0.5, 2.424e-6, 2.424e-6 * 0.75]
     torch.testing.assert_close(g, torch.tensor(want), rtol=2e-4, atol=0)
 
 
@@ -162,8 +163,8 @@ def test_no_rm_means_unit_weights():
 
 def test_no_positive_tokens_is_finite():
     lp = torch.tensor([-1.0, -2.0])
-    terms = oreal_actor_loss(lp, lp - 0.1, torch.tensor([-0.5, -0.5]), torch.tensor([False, False]),
-                             None, None, _norm(2, 0, 2, 1), **_coefs())
+    adv, pos = torch.tensor([-0.5, -0.5]), torch.tensor([False, False])
+    terms = oreal_actor_loss(lp, lp - 0.1, adv, pos, None, None, _norm(2, 0, 2, 1), **_coefs())
     assert terms.positive_loss.item() == 0.0 and torch.isfinite(terms.loss)
 
 

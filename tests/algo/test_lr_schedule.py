@@ -69,7 +69,9 @@ def _independent_closed_form(step, peak, eta, w, total):
 def test_scheduler_equals_closed_form_every_step(cfg):
     lrs, _ = _run(cfg)
     for step, lr in enumerate(lrs):
-        want = _independent_closed_form(step, cfg["peak_lr"], cfg["min_lr"], cfg["warmup_steps"], 90)
+        want = _independent_closed_form(
+            step, cfg["peak_lr"], cfg["min_lr"], cfg["warmup_steps"], 90
+        )
         assert lr == pytest.approx(want, rel=1e-12)
 
 
