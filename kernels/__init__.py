@@ -1,1 +1,9 @@
-"""Triton kernels of oreal-fast, installed as ``oreal_fast.kernels`` (never as a top-level ``kernels``)."""
+"""Triton kernels of oreal-fast, installed as ``oreal_fast.kernels`` (never as a top-level ``kernels``).
+
+Every kernel has an eager PyTorch twin with the same signature (``impl="eager"``): the CPU path,
+the test oracle and the trainer's ``loss_impl="eager"`` switch.
+"""
+
+from oreal_fast.kernels.linear_logprob import IGNORE_INDEX, linear_logprob, linear_logprob_eager
+
+__all__ = ["IGNORE_INDEX", "linear_logprob", "linear_logprob_eager"]
