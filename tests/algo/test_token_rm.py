@@ -113,3 +113,35 @@ def test_rm_token_weights_needs_a_mode():
 def test_bad_threshold_raises(tau):
     with pytest.raises(ValueError, match="correct_threshold"):
         threshold_weights(torch.zeros(2), tau, 0.5)
+
+
+def _random_packed(lens, seed):
+    g = torch.Generator().manual_seed(seed)
+    scores = 3 * torch.randn(sum(lens), generator=g)
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32)
+    return scores, cu
+
+
+@pytest.mark.parametrize("lens", [[20_000, 1, 7_000], [5, 5, 5, 5]])
+def test_cumulative_means_long_sequences_vs_fp64_loop(lens):
+    scores, cu = _random_packed(lens, seed=len(lens))
+    want = torch.cat([
+        torch.cumsum(scores[a:b].double(), 0) / torch.arange(1, b - a + 1)
+        for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())
+    ])
+    torch.testing.assert_close(cumulative_means(scores, cu).double(), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("ratio", [0.25, 0.5, 0.9])
+def test_topk_vectorised_equals_per_sequence_topk(ratio):
+    lens = [13, 1, 40, 7]
+    c, cu = _random_packed(lens, seed=3)
+    w_pos, _ = topk_weights(c, cu, ratio, ratio)
+    want = torch.zeros_like(c)
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        p = torch.sigmoid(c[a:b])
+        k = max(int((b - a) * ratio), 1)
+        vals, idx = torch.topk(p, k)
+        span = vals.max() - vals.min()
+        want[a + idx] = (vals - vals.min()) / span if span > 0 else torch.ones(k)
+    torch.testing.assert_close(w_pos, want)
