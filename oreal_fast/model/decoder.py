@@ -1,0 +1,329 @@
+"""The Llama / Qwen2 decoder family on packed varlen rows, and the token-level reward model.
+
+One implementation covers both families; the differences (q/k/v bias, tied embeddings, rope
+theta and scaling, GQA, RMSNorm eps) are config fields. Activations are `[T, H]` for a packed row
+of N sequences (`cu_seqlens` [N+1], `positions` restarting at 0 per sequence): no batch dim, no
+padding. `Decoder.forward` returns the final-norm hidden states; the LM head (`lm_head_weight`)
+is applied by the caller (the fused loss kernels, the sampler), so no `[T, V]` tensor is made here.
+
+Not here: HF name mapping and file I/O (`hf_io.py`), attention kernels (`attention.py`).
+Invariant: numerics follow transformers' Llama/Qwen2 modules op for op (fp32 RMSNorm statistics,
+rope tables computed in fp32 then cast), so the same weights give the same hidden states.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from oreal_fast.model.attention import AttentionBackend, CacheSlots, KVCache, make_backend, resolve_backend_name
+
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """Architecture of one Llama- or Qwen2-family decoder."""
+
+    family: str  # "llama" or "qwen2": the transformers architecture a saved checkpoint declares
+    vocab_size: int  # rows of the embedding and of the LM head (may exceed the tokenizer)
+    hidden_size: int  # H, width of the residual stream
+    intermediate_size: int  # width of the SwiGLU hidden layer
+    num_layers: int  # number of transformer blocks
+    num_heads: int  # query heads
+    num_kv_heads: int  # key/value heads (GQA when < num_heads)
+    head_dim: int  # per-head width (usually H / num_heads)
+    rms_norm_eps: float = 1e-6  # epsilon inside every RMSNorm
+    rope_theta: float = 10000.0  # rope base
+    rope_scaling: dict[str, float] | None = None  # {"rope_type": "linear"|"llama3", ...} or None
+    tie_embeddings: bool = False  # LM head shares the embedding matrix
+    qkv_bias: bool = False  # bias on q/k/v projections (True for Qwen2)
+    out_bias: bool = False  # bias on the attention output projection (Llama attention_bias)
+    max_position_embeddings: int = 32768  # carried into saved configs; not a limit here
+    init_std: float = 0.02  # std of the normal init of every matrix
+
+    def __post_init__(self) -> None:
+        if self.family not in ("llama", "qwen2"):
+            raise ValueError(f"DecoderConfig.family {self.family!r}: expected 'llama' or 'qwen2'")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"DecoderConfig: num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"DecoderConfig.head_dim {self.head_dim}: rope needs an even head_dim")
+        rope_type = (self.rope_scaling or {}).get("rope_type", "default")
+        if rope_type not in ROPE_TYPES:
+            raise ValueError(f"DecoderConfig.rope_scaling: rope_type {rope_type!r} not supported, use one of {ROPE_TYPES}")
+
+    def num_params(self, include_embeddings: bool = True) -> int:
+        """Number of parameters (the tied head counted once)."""
+        H, D, I = self.hidden_size, self.head_dim, self.intermediate_size
+        q_out, kv_out = self.num_heads * D, self.num_kv_heads * D
+        attn = H * (q_out + 2 * kv_out) + q_out * H
+        attn += (q_out + 2 * kv_out) * self.qkv_bias + H * self.out_bias
+        per_layer = attn + 3 * H * I + 2 * H
+        embeds = self.vocab_size * H * (1 if self.tie_embeddings else 2)
+        return self.num_layers * per_layer + H + (embeds if include_embeddings else 0)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm with fp32 statistics, cast back before the weight multiply (as transformers does)."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def rope_inv_freq(config: DecoderConfig, device: torch.device) -> torch.Tensor:
+    """Inverse rope frequencies [head_dim / 2] fp32, with linear or llama3 scaling applied."""
+    D = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, D, 2, device=device, dtype=torch.float32) / D))
+    scaling = config.rope_scaling or {}
+    rope_type = scaling.get("rope_type", "default")
+    if rope_type == "linear":
+        return inv_freq / scaling["factor"]
+    if rope_type == "llama3":
+        factor, lo, hi = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_len = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        # long wavelengths are slowed by `factor`, short ones kept, the band between interpolated
+        scaled = torch.where(wavelen > old_len / lo, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        is_medium = (wavelen >= old_len / hi) & (wavelen <= old_len / lo)
+        return torch.where(is_medium, smoothed, scaled)
+    return inv_freq
+
+
+def rope_tables(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin: [T, 1, head_dim] in `dtype`, computed in fp32 from positions [T] int64."""
+    freqs = positions.float()[:, None] * inv_freq[None, :]  # (T, D/2)
+    emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # (T, 1, D)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [T, heads, D] by the half-split convention of HF Llama checkpoints."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, config: DecoderConfig, layer_idx: int, backend: AttentionBackend, **factory) -> None:
+        super().__init__()
+        H, D = config.hidden_size, config.head_dim
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, D
+        self.backend = backend
+        self.wq = nn.Linear(H, config.num_heads * D, bias=config.qkv_bias, **factory)
+        self.wk = nn.Linear(H, config.num_kv_heads * D, bias=config.qkv_bias, **factory)
+        self.wv = nn.Linear(H, config.num_kv_heads * D, bias=config.qkv_bias, **factory)
+        self.wo = nn.Linear(config.num_heads * D, H, bias=config.out_bias, **factory)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor,
+        max_seqlen: int, slots: CacheSlots | None,
+    ) -> torch.Tensor:
+        T = x.shape[0]
+        q = self.wq(x).view(T, self.num_heads, self.head_dim)  # (T, Hq, D)
+        k = self.wk(x).view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
+        v = self.wv(x).view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if slots is None:
+            out = self.backend(q, k, v, cu_seqlens, max_seqlen)
+        else:
+            out = slots.attend(self.layer_idx, q, k, v, cu_seqlens, max_seqlen)
+        return self.wo(out.reshape(T, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: DecoderConfig, **factory) -> None:
+        super().__init__()
+        H, I = config.hidden_size, config.intermediate_size
+        self.w_gate = nn.Linear(H, I, bias=False, **factory)
+        self.w_up = nn.Linear(H, I, bias=False, **factory)
+        self.w_down = nn.Linear(I, H, bias=False, **factory)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config: DecoderConfig, layer_idx: int, backend: AttentionBackend, **factory) -> None:
+        super().__init__()
+        self.eps = config.rms_norm_eps
+        self.attn_norm = nn.Parameter(torch.empty(config.hidden_size, **factory))
+        self.attn = Attention(config, layer_idx, backend, **factory)
+        self.mlp_norm = nn.Parameter(torch.empty(config.hidden_size, **factory))
+        self.mlp = MLP(config, **factory)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor,
+        max_seqlen: int, slots: CacheSlots | None,
+    ) -> torch.Tensor:
+        x = x + self.attn(rms_norm(x, self.attn_norm, self.eps), cos, sin, cu_seqlens, max_seqlen, slots)
+        return x + self.mlp(rms_norm(x, self.mlp_norm, self.eps))
+
+
+class Decoder(nn.Module):
+    """Llama/Qwen2 trunk: embed -> blocks -> final norm, on one packed row.
+
+    `with_lm_head=False` builds a trunk without the LM head (the token-RM backbone).
+    Construct on device="meta" to allocate nothing, then `to_empty(device=...)` and either
+    `init_weights()` or load a state dict. Parameter names are those of `hf_io.HF_NAME_MAP`.
+    """
+
+    def __init__(
+        self, config: DecoderConfig, *, attn_backend: str = "auto", with_lm_head: bool = True,
+        device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        factory = {"device": device, "dtype": dtype}
+        # "auto" resolves for `device`; a model built on meta and moved later should name its backend
+        self.attn_backend = resolve_backend_name(attn_backend, device, dtype or torch.get_default_dtype())
+        backend = make_backend(self.attn_backend)
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size, **factory)
+        self.blocks = nn.ModuleList(Block(config, i, backend, **factory) for i in range(config.num_layers))
+        self.norm = nn.Parameter(torch.empty(config.hidden_size, **factory))
+        # an untied head is a separate matrix; a token-RM backbone drops it (with_lm_head=False)
+        self.has_lm_head = with_lm_head
+        untied = with_lm_head and not config.tie_embeddings
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, **factory) if untied else None
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        """LM head matrix [V, H] (the embedding matrix when tied)."""
+        if not self.has_lm_head:
+            raise AttributeError("this Decoder was built with_lm_head=False (a reward-model backbone)")
+        return self.embed.weight if self.lm_head is None else self.lm_head.weight
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Initialise every parameter in place (works after `to_empty` from meta).
+
+        | parameter                          | init                      |
+        |------------------------------------|---------------------------|
+        | embed, lm_head, all Linear weights | normal(0, config.init_std)|
+        | q/k/v/o biases                     | 0                         |
+        | attn_norm, mlp_norm, norm          | 1                         |
+        """
+        for name, p in self.named_parameters():
+            if name.endswith("norm"):
+                p.fill_(1.0)
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                p.normal_(0.0, self.config.init_std)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+        kv_cache: KVCache | None = None, cache_rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Final-norm hidden states of a packed row.
+
+        Args:
+            input_ids: [T] int64 token ids of N sequences laid end to end.
+            positions: [T] int64 position of each token in its own sequence (absolute position
+                within its session when a cache is used).
+            cu_seqlens: [N+1] int32 sequence boundaries, 0 first and T last.
+            max_seqlen: longest sequence length in the row (host int).
+            kv_cache: optional cache; when given, each sequence's new keys/values are written at
+                its positions and its queries also see the cached earlier positions.
+            cache_rows: [N] int64 cache row of each sequence (required with kv_cache).
+
+        Returns:
+            hidden: [T, H] in the parameter dtype.
+        """
+        if (kv_cache is None) != (cache_rows is None):
+            raise ValueError("Decoder.forward: kv_cache and cache_rows go together")
+        slots = None
+        if kv_cache is not None:
+            token_rows = cache_rows.repeat_interleave(cu_seqlens.diff(), output_size=input_ids.shape[0])
+            slots = CacheSlots(kv_cache, cache_rows, token_rows, positions)
+        x = self.embed(input_ids)  # (T, H)
+        cos, sin = rope_tables(positions, rope_inv_freq(self.config, x.device), x.dtype)
+        for block in self.blocks:
+            x = block(x, cos, sin, cu_seqlens, max_seqlen, slots)
+        return rms_norm(x, self.norm, self.config.rms_norm_eps)
+
+    def allocate_kv_cache(self, num_rows: int, max_length: int) -> KVCache:
+        """A zeroed cache of `num_rows` sessions x `max_length` positions in the parameter dtype."""
+        c, w = self.config, self.embed.weight
+        return KVCache.allocate(c.num_layers, num_rows, max_length, c.num_kv_heads, c.head_dim, dtype=w.dtype, device=w.device)
+
+    def kv_bytes_per_token(self, dtype: torch.dtype | None = None) -> int:
+        """Bytes of K and V cached per token over all layers (in `dtype`, default the params')."""
+        c = self.config
+        itemsize = (dtype or self.embed.weight.dtype).itemsize
+        return 2 * c.num_layers * c.num_kv_heads * c.head_dim * itemsize
+
+    def estimate_flops(self, seq_lens: list[int]) -> int:
+        """Forward FLOPs of the trunk on one packed row (no LM head; backward is about 2x this).
+
+        Matmuls: 2 * (block weight-matrix entries) per token. Causal attention: QK^T and PV each cost
+        2 * D per (query, key) pair and head, over n (n + 1) / 2 pairs per sequence of length n.
+        The LM head adds 2 * V * H per scored token, and the caller knows how many it scores.
+        """
+        c = self.config
+        H, q_out, kv_out = c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        matmul_params = c.num_layers * (H * (2 * q_out + 2 * kv_out) + 3 * H * c.intermediate_size)
+        pairs = sum(n * (n + 1) // 2 for n in seq_lens)
+        return 2 * matmul_params * sum(seq_lens) + 4 * c.head_dim * c.num_heads * c.num_layers * pairs
+
+
+class TokenRewardModel(nn.Module):
+    """Token-level reward model: a decoder trunk and a bias-free Linear(H, 1) score head.
+
+    The head starts at zero (reference quirk Q1: the official loader zeroes it), so every score
+    is 0 until the model is trained.
+    """
+
+    def __init__(self, backbone: Decoder) -> None:
+        super().__init__()
+        self.backbone = backbone
+        w = backbone.embed.weight
+        self.score_head = nn.Linear(backbone.config.hidden_size, 1, bias=False, device=w.device, dtype=w.dtype)
+        self.init_head()
+
+    @torch.no_grad()
+    def init_head(self) -> None:
+        """Zero the score head (works after `to_empty` from meta)."""
+        self.score_head.weight.zero_()
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int
+    ) -> torch.Tensor:
+        """One score per token: scores [T] in the parameter dtype (one H-wide dot per token)."""
+        hidden = self.backbone(input_ids, positions, cu_seqlens, max_seqlen)
+        return self.score_head(hidden).squeeze(-1)
+
+
+def benchmark_forward(
+    model: nn.Module, input_ids: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor,
+    max_seqlen: int, *, warmup: int = 2, iters: int = 5,
+) -> float:
+    """Median wall time of one no-grad forward, in milliseconds (CUDA events on GPU)."""
+    times = []
+    with torch.no_grad():
+        for i in range(warmup + iters):
+            if input_ids.is_cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                model(input_ids, positions, cu_seqlens, max_seqlen)
+                end.record()
+                torch.cuda.synchronize()
+                ms = start.elapsed_time(end)
+            else:
+                t0 = time.perf_counter()
+                model(input_ids, positions, cu_seqlens, max_seqlen)
+                ms = (time.perf_counter() - t0) * 1e3
+            if i >= warmup:
+                times.append(ms)
+    return sorted(times)[len(times) // 2]
