@@ -1,0 +1,163 @@
+"""Judge a step's samples: route by data source, rule check in workers, LLM verifier on misses.
+
+Decision per sample (reference 4.3), with the judger the sample's data source maps to:
+
+1. ``response_text.strip()`` does not end with the stop word -> -1 (counted: no_stop_word).
+   A response that stopped on ``<|endoftext|>`` instead of ``<|im_end|>`` fails here too.
+2. For each thinking-finish word in order, keep only the text after its last occurrence.
+3. Remove every occurrence of the stop word.
+4. Rule check (official or strict, in a worker under a time limit): a match -> +1
+   (counted: rule_confirmed). The rule never rejects. A check over its time limit is a
+   miss (counted: rule_timeouts).
+5. Otherwise, unless rule_only, ask the LLM verifier with the whole text of step 3
+   (counted: verifier_calls): graded correct -> +1, wrong -> -1, no grade after the
+   retries -> -1 (counted: verifier_failures). With rule_only a miss is -1.
+
+Rule checks run in worker processes and verifier calls in threads; a sample whose rule
+check misses goes to the verifier as soon as its verdict arrives, while other checks go on.
+
+What it does not: no tensors, no reward shaping; rewards go back as plain floats.
+
+Invariant: `judge` returns exactly one reward in {+1.0, -1.0} per item, in input order, and
+returns within bounded time (rule time limits + verifier timeouts and retries).
+"""
+
+import concurrent.futures
+import dataclasses
+import random
+
+from oreal_fast.judge.pool import RulePool, RuleTask, RuleVerdict
+from oreal_fast.judge.settings import MathJudgerSettings, parse_judger_settings
+from oreal_fast.judge.verifier import VerifierClient
+
+COUNTER_KEYS = ("rule_confirmed", "verifier_calls", "verifier_failures", "rule_timeouts", "no_stop_word")
+
+
+@dataclasses.dataclass(frozen=True)
+class JudgeItem:
+    """One sample to judge: the user question, the raw decoded response, the gold answer."""
+
+    question: str
+    response_text: str
+    gold_answer: str
+    data_source: str = "math"
+
+
+@dataclasses.dataclass(frozen=True)
+class JudgeOutcome:
+    """rewards: one of +1.0 / -1.0 per item, input order; counters: COUNTER_KEYS -> count."""
+
+    rewards: list[float]
+    counters: dict[str, int]
+
+
+def prepare_text(response_text: str, s: MathJudgerSettings) -> str | None:
+    """Steps 1-3 of the decision: None if the response did not end with the stop word."""
+    if not response_text.strip().endswith(s.stop_word):
+        return None
+    text = response_text
+    for word in s.thinking_finish_words:
+        if word in text:
+            text = text.rsplit(word, 1)[1]
+    return text.replace(s.stop_word, "")
+
+
+class Router:
+    """Judges batches of samples with the judgers of ``judgers_config``.
+
+    Args:
+        judgers_config: judger name -> settings dict (see settings.py for the keys).
+        data_judger_mapping: data_source -> list of judger names; the first one judges
+            (the official trainer also used only the first judger's reward).
+
+    Raises:
+        ValueError: a bad judger entry, or a mapping naming a judger that is not configured.
+    """
+
+    def __init__(self, judgers_config: dict, data_judger_mapping: dict) -> None:
+        self._judgers = {n: parse_judger_settings(n, raw) for n, raw in judgers_config.items()}
+        self._route: dict[str, str] = {}
+        for source, names in data_judger_mapping.items():
+            names = [names] if isinstance(names, str) else list(names)
+            if not names or names[0] not in self._judgers:
+                raise ValueError(
+                    f"data_judger_mapping.{source}: {names!r} names no judger of judgers_config"
+                    f" (have: {sorted(self._judgers)})"
+                )
+            self._route[source] = names[0]
+        # The official judger drew its first host with random.randint on the global RNG at
+        # construction; drawing the same keeps later global-RNG draws (the trajectory
+        # filter's) in step with the official trainer.
+        self._clients = {
+            n: VerifierClient(s, start=random.randint(0, len(s.hosts) - 1))
+            for n, s in self._judgers.items()
+            if s.hosts and not s.rule_only
+        }
+        self._pool = RulePool(max(s.num_processes for s in self._judgers.values()))
+        self._threads = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max(s.max_concurrency for s in self._judgers.values()),
+            thread_name_prefix="verifier",
+        )
+
+    def judge(self, items: list[JudgeItem]) -> JudgeOutcome:
+        """Judge one step's samples concurrently.
+
+        Raises:
+            ValueError: an item whose data_source has no entry in data_judger_mapping.
+        """
+        counters = dict.fromkeys(COUNTER_KEYS, 0)
+        rewards: list[float | None] = [None] * len(items)
+        tasks, owners = [], []  # owners[j] = index into items of rule task j
+        for i, item in enumerate(items):
+            s = self._settings_for(item)
+            text = prepare_text(item.response_text, s)
+            if text is None:
+                rewards[i] = -1.0
+                counters["no_stop_word"] += 1
+                continue
+            tasks.append(RuleTask(s.rule_mode, text, item.gold_answer, s.rule_timeout_s))
+            owners.append(i)
+        calls: dict[concurrent.futures.Future, int] = {}
+        for j, verdict in self._pool.run(tasks):
+            i = owners[j]
+            if verdict is RuleVerdict.CONFIRMED:
+                rewards[i] = 1.0
+                counters["rule_confirmed"] += 1
+                continue
+            if verdict is RuleVerdict.TIMED_OUT:
+                counters["rule_timeouts"] += 1
+            name = self._route[items[i].data_source]
+            if name not in self._clients:
+                rewards[i] = -1.0
+                continue
+            counters["verifier_calls"] += 1
+            item = items[i]
+            calls[self._threads.submit(
+                self._clients[name].grade, item.question, item.gold_answer, tasks[j].text
+            )] = i
+        for future, i in calls.items():
+            grade = future.result()
+            if grade is None:
+                counters["verifier_failures"] += 1
+            rewards[i] = 1.0 if grade else -1.0
+        return JudgeOutcome(rewards=[float(r) for r in rewards], counters=counters)
+
+    def _settings_for(self, item: JudgeItem) -> MathJudgerSettings:
+        try:
+            return self._judgers[self._route[item.data_source]]
+        except KeyError:
+            raise ValueError(
+                f"sample data_source {item.data_source!r} has no judger in data_judger_mapping"
+                f" (have: {sorted(self._route)})"
+            ) from None
+
+    def close(self) -> None:
+        """Stop the worker processes and verifier threads."""
+        self._pool.close()
+        self._threads.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> "Router":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,64 @@
+"""A correct rule checker: math-verify's parser and comparison plus our gold normalisation.
+
+What it does: `check(text, gold)` extracts the final answer from a post-processed response
+with math-verify (last ``\\boxed{}``, "final answer is", else the last LaTeX/expression) and
+compares it to the gold answer by value: no percentage leniency (4200 is not 42), exact
+big-integer comparison (2^{2020} is not 2^{2019}), units, degrees, ``%``, ``\\$`` and
+``\\text{}`` wrappers ignored on both sides, matrices, intervals, sets and tuples compared as
+objects. Gold answers are wrapped in ``$...$`` so that math-verify reads them as LaTeX; gold
+strings math-verify cannot read at all fall back to a normalised string comparison.
+
+What it does not: it has no time limit of its own (math-verify's signal-based limits are
+switched off because they only work in a main thread); callers run it in a worker process
+that can be killed (see pool.py).
+
+Invariant: `check` returns True only when the answer equals the gold; it never raises.
+"""
+
+import logging
+import re
+
+from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+_GOLD_CONFIG = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
+# math-verify warns on every call that its own time limit is off; ours is the worker kill.
+logging.getLogger("math_verify").setLevel(logging.ERROR)
+
+_TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}")
+
+
+def _gold_latex(gold: str) -> str:
+    """Gold as one math-mode LaTeX string: dollar signs (math or currency) removed."""
+    g = gold.strip().replace("\\$", "").replace("$", "")
+    return f"${g}$"
+
+
+def _plain(s: str) -> str:
+    """Loose text form for answers that are words: wrappers, spaces, case, dots dropped."""
+    s = _TEXT_WRAPPER.sub(r"\1", s)
+    return re.sub(r"[\s$.{}]|\\[,;!]", "", s).lower()
+
+
+def _last_boxed(text: str) -> str | None:
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 0, start + len("\\boxed")
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i + 1 : j]
+    return None
+
+
+def check(text: str, gold: str) -> bool:
+    """True iff the final answer of `text` equals `gold` by value."""
+    try:
+        g = parse(_gold_latex(gold), _GOLD_CONFIG, parsing_timeout=None)
+        p = parse(text, parsing_timeout=None)
+        if g and p and verify(g, p, timeout_seconds=None):
+            return True
+        boxed = _last_boxed(text)
+        return boxed is not None and _plain(boxed) != "" and _plain(boxed) == _plain(gold)
+    except Exception:  # a parser bug on odd input is a failed check, not a crashed step
+        return False
