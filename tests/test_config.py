@@ -1,0 +1,229 @@
+"""Config loading and validation: shipped configs, every class of bad config, overrides, the CLI."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+
+from oreal_fast.config import ConfigError, TrainConfig, load_config, validate_stop_word
+from oreal_fast.train import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = os.path.join(ROOT, "configs")
+
+# A small valid config; each bad case below appends one line to it.
+BASE = textwrap.dedent("""
+    actor = "some/model"
+    token_level_rm = actor
+    datasets = "package://oreal_fast/assets/demo_problems.jsonl"
+    threshold_rescale = True
+    gen_global_batch = 16
+    prompt_repeat_k = 4
+    gen_max_new = 64
+    gen_max_length = 256
+    total_steps = 4
+    warmup_steps = 1
+    actor_freeze_steps = 1
+    checkpoint_interval = 2
+    judgers_config = dict(math_judger=dict(hosts=[], rule_only=True))
+""")
+
+
+def _write(tmp_path, extra="", name="cfg.py", base=BASE):
+    path = tmp_path / name
+    path.write_text(base + textwrap.dedent(extra), encoding="utf-8")
+    return str(path)
+
+
+@pytest.mark.parametrize("name", ["a100_40g.py", "oreal_7b.py", "demo.py"])
+def test_shipped_configs_load(name):
+    cfg = load_config(os.path.join(CONFIGS, name))
+    assert isinstance(cfg, TrainConfig)
+    assert cfg.config_path.endswith(name)
+    assert cfg.reference == cfg.actor == cfg.token_level_rm
+    assert cfg.gen_global_batch % cfg.prompt_repeat_k == 0
+
+
+def test_a100_config_has_the_official_hyper_parameters():
+    cfg = load_config(os.path.join(CONFIGS, "a100_40g.py"))
+    assert cfg.actor == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert (cfg.prompt_repeat_k, cfg.gen_global_batch, cfg.gen_max_new, cfg.gen_max_length) == (16, 1024, 14000, 16384)
+    assert (cfg.actor_lr, cfg.actor_min_lr, cfg.token_level_rm_lr, cfg.token_level_rm_lr_min) == (5e-7, 1e-7, 2e-6, 4e-7)
+    assert (cfg.warmup_steps, cfg.rm_warmup_steps, cfg.total_steps, cfg.actor_freeze_steps) == (10, 10, 90, 10)
+    assert (cfg.kl_coef, cfg.kl_type, cfg.reward_shaping_type, cfg.pos_mult_adv) == (0.01, "unbias", "rloo", True)
+    assert cfg.data_difficulty_balance_cfg == [((0.0, 0.2), 6), ((0.2, 0.4), 4), ((0.4, 0.6), 4), ((0.6, 0.8), 2)]
+    assert cfg.judgers_config["math_judger"]["hosts"] == ["127.0.0.1:10003"]
+    assert cfg.checkpoint_every() == 10
+
+
+def test_7b_variant_inherits_the_base_and_sets_its_model():
+    base = load_config(os.path.join(CONFIGS, "a100_40g.py"))
+    cfg = load_config(os.path.join(CONFIGS, "oreal_7b.py"))
+    assert (cfg.actor, cfg.tp_size) == ("internlm/OREAL-7B-SFT", 4)
+    assert cfg.chat_template == base.chat_template and cfg.stop_word == "<|im_end|>"
+    assert cfg.total_steps == 90 and cfg.actor_lr == 5e-7
+    assert "configs.a100_40g" not in sys.modules
+
+
+def test_demo_config_is_small_and_rule_only():
+    cfg = load_config(os.path.join(CONFIGS, "demo.py"))
+    assert cfg.gen_global_batch // cfg.prompt_repeat_k == 4
+    assert cfg.total_steps == 4 and cfg.checkpoint_every() == 2
+    assert cfg.judgers_config["math_judger"]["rule_only"] is True
+    assert cfg.work_dir == "work_dirs/demo"
+
+
+def test_absent_keys_take_the_official_defaults(tmp_path):
+    cfg = load_config(_write(tmp_path))
+    assert cfg.reference == "some/model"
+    assert cfg.actor_min_lr == cfg.actor_lr == 5e-7
+    assert cfg.token_level_rm_lr_min == cfg.token_level_rm_lr == 2e-6
+    assert cfg.rm_warmup_steps == cfg.warmup_steps == 1
+    assert cfg.rl_global_batch == cfg.gen_global_batch == 16
+    assert (cfg.kl_type, cfg.pos_mult_adv, cfg.topk_rescale) == ("unbias", False, False)
+    assert cfg.data_judger_mapping == {"math": ["math_judger"]}
+
+
+def test_private_names_modules_and_functions_are_not_keys(tmp_path):
+    cfg = load_config(_write(tmp_path, """
+        import math
+        def helper(x):
+            return 2 * x
+        _scale = 3
+        gen_max_new = helper(_scale) * 10 + int(math.sqrt(16))
+    """))
+    assert cfg.gen_max_new == 64
+
+
+def test_variant_imports_a_sibling_by_name_and_nothing_leaks(tmp_path):
+    _write(tmp_path, name="base_cfg.py")
+    variant = _write(tmp_path, "from base_cfg import *\ntotal_steps = 3\n", name="variant.py", base="")
+    path_before = list(sys.path)
+    cfg = load_config(variant)
+    assert cfg.total_steps == 3 and cfg.gen_global_batch == 16
+    assert "base_cfg" not in sys.modules
+    assert sys.path == path_before
+
+
+@pytest.mark.parametrize("value, total, expected", [(-1, 90, 90), (0.5, 90, 45), (0.25, 90, 22), (10, 90, 10), (2.7, 90, 2)])
+def test_checkpoint_every_resolves_reference_5_3(tmp_path, value, total, expected):
+    cfg = load_config(_write(tmp_path, f"checkpoint_interval = {value}\ntotal_steps = {total}\n"))
+    assert cfg.checkpoint_every() == expected
+
+
+BAD = [
+    ("total_stepz = 3", "total_stepz", "did you mean 'total_steps'"),
+    ("total_steps = '90'", "total_steps", "expected int"),
+    ("kl_coef = 'x'", "kl_coef", "expected float"),
+    ("filter_trajectory = 1", "filter_trajectory", "expected bool"),
+    ("datasets = []", "datasets", "non-empty"),
+    ("datasets = 'missing/file.jsonl'", "datasets", "does not exist"),
+    ("gen_global_batch = 18", "gen_global_batch", "not divisible by prompt_repeat_k"),
+    ("prompt_repeat_k = 1\ngen_global_batch = 4", "prompt_repeat_k", ">= 2"),
+    ("checkpoint_interval = 0.1", "checkpoint_interval", "rounds down to 0"),
+    ("checkpoint_interval = 0", "checkpoint_interval", "must be -1, in (0, 1) or >= 1"),
+    ("checkpoint_interval = -2", "checkpoint_interval", "must be -1, in (0, 1) or >= 1"),
+    ("threshold_rescale = False", "token_level_rm", "threshold_rescale and topk_rescale"),
+    ("topk_rescale = True", "topk_rescale", "both True"),
+    ("correct_topk_ratio = 0.0", "correct_topk_ratio", "(0, 1]"),
+    ("incorrect_threshold = 1.0", "incorrect_threshold", "[0, 1)"),
+    ("reward_shaping_type = 'ppo'", "reward_shaping_type", "rloo, grpo"),
+    ("kl_type = 'k2'", "kl_type", "kl, unbias, mse"),
+    ("actor_min_lr = 1e-6", "actor_min_lr", "above the peak"),
+    ("token_level_rm_lr_min = 1e-5", "token_level_rm_lr_min", "above the peak"),
+    ("warmup_steps = 4", "warmup_steps", "< total_steps"),
+    ("rm_warmup_steps = 5", "rm_warmup_steps", "< total_steps"),
+    ("gen_max_new = 256", "gen_max_new", "< gen_max_length"),
+    ("gen_top_p = 0.0", "gen_top_p", "(0, 1]"),
+    ("temperature = 0", "temperature", "> 0"),
+    ("seed = -1", "seed", ">= 0"),
+    ("dtype = 'int8'", "dtype", "auto, bf16, fp16, fp32"),
+    ("loss_impl = 'triton'", "loss_impl", "auto, eager, fused"),
+    ("device = 'tpu'", "device", "auto, cpu, cuda"),
+    ("resume = '/no/such/checkpoint'", "resume", "does not exist"),
+    ("max_prompts = 0", "max_prompts", ">= 1"),
+    ("data_difficulty_balance_cfg = [((0.5, 0.2), 3)]", "data_difficulty_balance_cfg", "low < high"),
+    ("data_difficulty_balance_cfg = [(0.2, 3)]", "data_difficulty_balance_cfg", "((low, high), copies)"),
+    ("data_judger_mapping = dict(math=['llm_judger'])", "data_judger_mapping", "'llm_judger'"),
+    ("data_judger_mapping = dict(code=['math_judger'])", "data_judger_mapping", "'math'"),
+    ("judgers_config = dict(math_judger=dict(hosts=[]))", "judgers_config", "math_judger"),
+    ("judgers_config = dict(math_judger=dict(rule_only=True, bogus=1))", "judgers_config", "bogus"),
+]
+
+
+@pytest.mark.parametrize("line, key, why", BAD, ids=[b[0] for b in BAD])
+def test_bad_config_names_key_file_and_range(tmp_path, line, key, why):
+    path = _write(tmp_path, line + "\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    message = str(e.value)
+    assert key in message and path in message and why in message
+
+
+def test_missing_required_key(tmp_path):
+    path = _write(tmp_path, base=BASE.replace('actor = "some/model"\n', 'actor_lr = 1e-6\n').replace("actor\n", '"x"\n'))
+    with pytest.raises(ConfigError, match="actor in .*: missing"):
+        load_config(path)
+
+
+def test_error_while_running_the_file_names_its_line(tmp_path):
+    path = _write(tmp_path, "x = 1 / 0\n")
+    with pytest.raises(ConfigError, match=r"line 15: ZeroDivisionError"):
+        load_config(path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(str(tmp_path / "nope.py"))
+
+
+def test_overrides_apply_and_are_checked(tmp_path):
+    path = _write(tmp_path)
+    assert load_config(path, {"total_steps": 3, "gen_global_batch": 8}).rl_global_batch == 8
+    with pytest.raises(ConfigError, match=r"total_steps in .* \(set on the command line\): expected int"):
+        load_config(path, {"total_steps": "ten"})
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_config(path, {"not_a_key": 1})
+
+
+class _Tokenizer:
+    """Stands in for a tokenizer: <|im_end|> is one special token, other text one id per char."""
+
+    def encode(self, text, add_special_tokens=True):
+        return [2] if text == "<|im_end|>" else [ord(ch) for ch in text]
+
+
+@pytest.mark.parametrize("word, ok", [("<|im_end|>", True), ("</s>", False)])
+def test_stop_word_must_be_one_token(tmp_path, word, ok):
+    cfg = load_config(_write(tmp_path), {"stop_word": word})
+    if ok:
+        assert validate_stop_word(cfg, _Tokenizer()) == 2
+    else:
+        with pytest.raises(ConfigError, match=r"stop_word in .*cfg\.py: '</s>' encodes to 4 tokens"):
+            validate_stop_word(cfg, _Tokenizer())
+
+
+def test_cli_parses_overrides_like_fire_and_calls_the_trainer(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setitem(sys.modules, "oreal_fast.trainer", types.SimpleNamespace(train=seen.append))
+    main([_write(tmp_path), "--total_steps", "3", "--work_dir", "out/x", "--token_level_rm", "None", "--actor_lr", "1e-6"])
+    (cfg,) = seen
+    assert (cfg.total_steps, cfg.work_dir, cfg.token_level_rm, cfg.actor_lr) == (3, "out/x", None, 1e-6)
+
+
+@pytest.mark.parametrize("args, key", [
+    (["--total_stepz", "3"], "total_stepz"),
+    (["--gen_global_batch", "15"], "gen_global_batch"),
+    (["--checkpoint_interval", "0.01"], "checkpoint_interval"),
+])
+def test_cli_exits_2_with_one_line_naming_the_key(tmp_path, args, key):
+    path = _write(tmp_path)
+    run = subprocess.run([sys.executable, "-m", "oreal_fast.train", path, *args],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert run.returncode == 2
+    assert key in run.stderr and path in run.stderr
+    assert "Traceback" not in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1
