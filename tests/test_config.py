@@ -227,3 +227,17 @@ def test_cli_exits_2_with_one_line_naming_the_key(tmp_path, args, key):
     assert key in run.stderr and path in run.stderr
     assert "Traceback" not in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("error, prefix", [("config", "config error: stop_word"), ("data", "data error: p.jsonl:3")])
+def test_cli_turns_errors_raised_during_the_run_into_exit_2(tmp_path, monkeypatch, capsys, error, prefix):
+    from oreal_fast.data import DataError
+
+    def train(cfg):
+        raise ConfigError("stop_word in cfg.py: x") if error == "config" else DataError("p.jsonl:3: field 'question' is missing")
+
+    monkeypatch.setitem(sys.modules, "oreal_fast.trainer", types.SimpleNamespace(train=train))
+    with pytest.raises(SystemExit) as e:
+        main([_write(tmp_path)])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.startswith(prefix)
