@@ -51,13 +51,34 @@ def _last_boxed(text: str) -> str | None:
     return None
 
 
+def _percent_forms(s: str) -> list[str]:
+    """A value with a percent sign read both ways: as a unit (50) and as a number (50/100)."""
+    if "%" not in s:
+        return [s]
+    base = s.replace("\\%", "").replace("%", "").strip()
+    return [base, f"\\frac{{{base}}}{{100}}"]
+
+
+def _equal(gold: str, answer: str) -> bool:
+    g = parse(_gold_latex(gold), _GOLD_CONFIG, parsing_timeout=None)
+    a = parse(_gold_latex(answer), _GOLD_CONFIG, parsing_timeout=None)
+    return bool(g and a and verify(g, a, timeout_seconds=None))
+
+
 def check(text: str, gold: str) -> bool:
     """True iff the final answer of `text` equals `gold` by value."""
     try:
+        text = text.replace("\\fbox{", "\\boxed{")
         g = parse(_gold_latex(gold), _GOLD_CONFIG, parsing_timeout=None)
         p = parse(text, parsing_timeout=None)
         if g and p and verify(g, p, timeout_seconds=None):
             return True
+        # math-verify's own percent rule depends on its antlr grammar version: apply ours.
+        answer = p[-1] if p and isinstance(p[-1], str) else None
+        if answer is not None and ("%" in answer or "%" in gold):
+            pairs = ((x, y) for x in _percent_forms(gold) for y in _percent_forms(answer))
+            if any(_equal(x, y) for x, y in pairs):
+                return True
         boxed = _last_boxed(text)
         return boxed is not None and _plain(boxed) != "" and _plain(boxed) == _plain(gold)
     except Exception:  # a parser bug on odd input is a failed check, not a crashed step

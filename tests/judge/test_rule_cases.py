@@ -1,0 +1,137 @@
+"""Table of (response, gold) cases: the official verdict worked by hand from reference 10.4,
+and the strict verdict. Rewards are those of a rule_only judger: +1 confirmed, -1 otherwise.
+
+Each case says why in its id; ``E`` is the stop word the responses end with.
+"""
+
+import pytest
+
+from oreal_fast.judge import rule_official, rule_strict
+from oreal_fast.judge.router import prepare_text
+from oreal_fast.judge.settings import parse_judger_settings
+
+E = "<|im_end|>"
+SETTINGS = parse_judger_settings("math_judger", {"rule_only": True})
+
+# (id, response, gold, official reward, strict reward)
+CASES = [
+    # plain matches and the float branch
+    ("boxed-int", r"so \boxed{42}" + E, "42", 1, 1),
+    ("boxed-wrong-int", r"\boxed{41}" + E, "42", -1, -1),
+    ("gold-times-100-accepted", r"\boxed{4200}" + E, "42", 1, -1),
+    ("gold-over-100-accepted", r"\boxed{0.42}" + E, "42", 1, -1),
+    ("float-rel-tol-1e-4", r"\boxed{42.003}" + E, "42", 1, -1),
+    ("float-outside-tol", r"\boxed{42.01}" + E, "42", -1, -1),
+    ("power-overflow-equal", r"\boxed{2^{2020}}" + E, "2^{2019}", 1, -1),
+    ("power-exact", r"\boxed{2^{10}}" + E, "1024", 1, 1),
+    ("comma-thousands", r"\boxed{1,000}" + E, "1000", 1, 1),
+    ("comma-list-read-as-number", r"\boxed{3,5}" + E, "35", 1, -1),
+    ("trailing-zeros", r"\boxed{12.000}" + E, "12", 1, 1),
+    ("leading-dot", r"\boxed{.5}" + E, "0.5", 1, 1),
+    # fractions vs decimals, symbolic branch
+    ("frac-vs-decimal", r"\boxed{\frac{1}{2}}" + E, "0.5", 1, 1),
+    ("decimal-vs-frac", r"\boxed{0.5}" + E, r"\frac{1}{2}", 1, 1),
+    ("dfrac", r"\boxed{\dfrac{3}{4}}" + E, r"\frac{3}{4}", 1, 1),
+    ("slash-to-frac", r"\boxed{3/4}" + E, r"\frac34", 1, 1),
+    ("slash-symbolic", r"\boxed{1/2}" + E, "0.5", 1, 1),
+    ("frac-shorthand", r"\boxed{\frac12}" + E, r"\frac{1}{2}", 1, 1),
+    ("negative-frac", r"\boxed{-\frac{1}{2}}" + E, "-0.5", 1, 1),
+    ("sqrt-shorthand", r"\boxed{\sqrt2}" + E, r"\sqrt{2}", 1, 1),
+    ("sqrt-simplify", r"\boxed{\sqrt{8}}" + E, r"2\sqrt{2}", 1, 1),
+    ("nested-braces", r"\boxed{\frac{\sqrt{3}}{2}}" + E, r"\frac{\sqrt{3}}{2}", 1, 1),
+    ("polynomial-expanded", r"\boxed{x^2+2x+1}" + E, "(x+1)^2", 1, 1),
+    ("pi-is-a-symbol-for-parse-latex", r"\boxed{\pi}" + E, "3.14159", -1, -1),
+    ("sqrt-numeric-1e-3", r"\boxed{\sqrt{2}}" + E, "1.414", 1, -1),
+    ("sqrt2-numeric-1e-3", r"\boxed{1.4142}" + E, r"\sqrt{2}", 1, -1),
+    ("third-numeric-1e-3", r"\boxed{\frac{1}{3}}" + E, "0.3333", 1, -1),
+    ("j-read-as-i", r"\boxed{3+4j}" + E, "3+4i", 1, -1),
+    # percentages, units, degrees, currency
+    ("percent-vs-number", r"\boxed{50\%}" + E, "50", 1, 1),
+    ("percent-gold-rejects", r"\boxed{50\%}" + E, r"50\%", -1, 1),
+    ("percent-gold-vs-fraction", r"\boxed{0.5}" + E, r"50\%", -1, 1),
+    ("percent-gold-vs-other-number", r"\boxed{0.4}" + E, r"50\%", -1, -1),
+    ("degree-vs-number", r"\boxed{90^\circ}" + E, "90", 1, 1),
+    ("degree-gold-rejects", r"\boxed{30^\circ}" + E, r"30^\circ", -1, 1),
+    ("dollar-vs-number", r"\boxed{\$5}" + E, "5", 1, 1),
+    ("dollar-gold-rejects", r"\boxed{\$18.90}" + E, r"\$18.90", -1, 1),
+    ("unit-text-tail", r"\boxed{10 \text{ cm}}" + E, "10", 1, 1),
+    ("unit-not-at-end", r"\boxed{10\text{ cm}^2}" + E, "10", -1, 1),
+    ("radians-vs-degrees", r"\boxed{\frac{\pi}{2}}" + E, r"90^\circ", -1, -1),
+    # intervals, tuples, sets, matrices
+    ("tuple-equal", r"\boxed{(1,2)}" + E, "(1,2)", 1, 1),
+    ("tuple-spaces", r"\boxed{(1, 2)}" + E, "(1,2)", 1, 1),
+    ("tuple-left-right", r"\boxed{\left(1,2\right)}" + E, "(1,2)", 1, 1),
+    ("tuple-swapped", r"\boxed{(2,1)}" + E, "(1,2)", -1, -1),
+    ("tuple-length", r"\boxed{(1,2,3)}" + E, "(1,2)", -1, -1),
+    ("list-componentwise", r"\boxed{[1,2]}" + E, "[1, 2]", 1, 1),
+    ("interval-half-open", r"\boxed{[1,3)}" + E, "[1,3)", 1, 1),
+    ("interval-closed-vs-half-open", r"\boxed{[1,3]}" + E, "[1,3)", 1, -1),
+    ("interval-open-vs-closed", r"\boxed{(1,3)}" + E, "[1,3]", -1, -1),
+    ("x-in-deleted", r"\boxed{x\in[1,3)}" + E, "[1,3)", 1, 1),
+    ("x-space-in-kept", r"\boxed{x \in [1,3)}" + E, "[1,3)", -1, 1),
+    ("unordered-list", r"\boxed{3, 5}" + E, "5, 3", -1, 1),
+    ("pmatrix-rejected", r"\boxed{\begin{pmatrix}1\\2\end{pmatrix}}" + E,
+     r"\begin{pmatrix}1\\2\end{pmatrix}", -1, 1),
+    ("infinity", r"\boxed{\infty}" + E, r"\infty", 1, 1),
+    ("infinity-word", r"\boxed{infinity}" + E, r"\infty", 1, 1),
+    # equations, options, words
+    ("short-lhs-dropped", r"\boxed{y=2x+1}" + E, "2x+1", 1, 1),
+    ("long-lhs-kept", r"\boxed{x+y=5}" + E, "5", -1, 1),
+    ("option-text-wrapper", r"\boxed{\text{(B)}}" + E, "B", 1, 1),
+    ("option-paren-gold", r"\boxed{B}" + E, "(B)", 1, 1),
+    ("and-deleted-from-word", r"\boxed{Sandy}" + E, "Sandy", -1, 1),
+    ("and-deleted-joins-numbers", r"\boxed{2 and 3}" + E, "23", 1, -1),
+    # extraction: which answer is read
+    ("answer-is-sentence", "The answer is $5$. I hope it is correct." + E, "5", -1, 1),
+    ("final-answer-is", "The final answer is 5." + E, "5", 1, 1),
+    ("answer-is-colon", "The answer is: 7" + E, "7", 1, 1),
+    ("boxed-beats-answer-is", r"The answer is \boxed{7}." + E, "7", 1, 1),
+    ("last-boxed-wins", r"\boxed{3} then \boxed{5}" + E, "5", 1, 1),
+    ("earlier-boxed-ignored", r"\boxed{3} then \boxed{5}" + E, "3", -1, -1),
+    ("boxed-without-brace", r"so $\boxed 5$" + E, "5", 1, 1),
+    ("boxed-word-in-prose", "The numbers I boxed are gone. The final answer is 9" + E, "9", -1, 1),
+    ("fbox-falls-to-last-number", r"\fbox{5}" + E, "5", 1, 1),
+    ("last-number", "so we get 12 apples and 15 pears" + E, "15", 1, 1),
+    ("last-number-with-comma", "the total is 1,000" + E, "1000", 1, 1),
+    ("empty-box", r"\boxed{}" + E, "5", -1, -1),
+    ("no-answer", "I do not know." + E, "5", -1, -1),
+    ("unterminated-box", r"\boxed{\frac{1}{2}" + E, r"\frac{1}{2}", 1, 1),
+    # thinking-finish words
+    ("after-last-think", r"<think>maybe \boxed{3}</think> so \boxed{5}" + E, "5", 1, 1),
+    ("think-cut-drops-box", r"\boxed{5} </think> no box here, answer 3" + E, "5", -1, -1),
+    ("conclude-then-final-answer", r"<conclude> \boxed{5} **Final Answer** \boxed{6}" + E, "6", 1, 1),
+    ("final-answer-cut-hides-earlier", r"<conclude> \boxed{5} **Final Answer** \boxed{6}" + E, "5", -1, -1),
+    ("think-after-final-answer", r"**Final Answer** \boxed{6} </think> 5" + E, "5", 1, 1),
+    # stop word
+    ("missing-stop-word", r"\boxed{5}", "5", -1, -1),
+    ("endoftext-not-stop-word", r"\boxed{5}<|endoftext|>", "5", -1, -1),
+    ("endoftext-after-stop-word", r"\boxed{5}" + E + "<|endoftext|>", "5", -1, -1),
+    ("whitespace-after-stop-word", r"\boxed{5}" + E + "\n  ", "5", 1, 1),
+    ("stop-word-inside-removed", r"\boxed{5" + E + "}" + E, "5", 1, 1),
+]
+
+
+def _reward(mode_check, response: str, gold: str) -> int:
+    text = prepare_text(response, SETTINGS)
+    return -1 if text is None else (1 if mode_check(text, gold) else -1)
+
+
+def test_table_is_large_and_ids_unique():
+    assert len(CASES) >= 60
+    assert len({c[0] for c in CASES}) == len(CASES)
+
+
+def test_latex_parser_loads():
+    # The official verdicts below assume sympy's parse_latex works (antlr4 runtime 4.11.*);
+    # without it every LaTeX parse silently falls back to parse_expr and verdicts change.
+    assert rule_official.latex_parser_available(), "install antlr4-python3-runtime==4.11.*"
+
+
+@pytest.mark.parametrize("response,gold,official", [c[1:4] for c in CASES], ids=[c[0] for c in CASES])
+def test_official_verdict(response, gold, official):
+    assert _reward(rule_official.check, response, gold) == official
+
+
+@pytest.mark.parametrize("response,gold,strict", [(c[1], c[2], c[4]) for c in CASES], ids=[c[0] for c in CASES])
+def test_strict_verdict(response, gold, strict):
+    assert _reward(rule_strict.check, response, gold) == strict
