@@ -37,7 +37,7 @@ Rows with label -100 get logprob 0, entropy 0 and exactly zero gradient.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -50,6 +50,9 @@ _IGNORE = tl.constexpr(IGNORE_INDEX)
 # Upper bound on the backward's dz chunk ([T, Vc] in the input dtype). 128 MiB keeps the whole
 # backward (dW, dH fp32 accumulator, chunk) near 0.5 GiB at T = 16384, V = 151936.
 _DZ_CHUNK_BYTES = 128 * 2**20
+# Forward programs per multiprocessor (token blocks x vocabulary splits); two hide the softmax
+# epilogue of one behind the other's tensor-core work.
+_PROGRAMS_PER_SM = 2
 # Eager twin: rows per chunk so that one fp32/fp64 logits chunk holds about this many elements.
 _EAGER_CHUNK_ELEMS = 2**24
 # Stand-in for -inf in the online softmax: exp() of it is 0 and 0 * it is 0, never NaN.
@@ -183,8 +186,11 @@ def _dz_kernel(
              dz.to(DZ_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
-def _blocks(device: torch.device, cuda_blocks: _Blocks) -> _Blocks:
-    return cuda_blocks if device.type == "cuda" else _BLOCKS_INTERPRET
+def _blocks(device: torch.device, dtype: torch.dtype, cuda_blocks: _Blocks) -> _Blocks:
+    if device.type != "cuda":
+        return _BLOCKS_INTERPRET
+    # fp32 operands take twice the shared memory per stage: halve the K tile to fit.
+    return replace(cuda_blocks, k=cuda_blocks.k // 2) if dtype == torch.float32 else cuda_blocks
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
@@ -193,11 +199,11 @@ def _dot_precision(dtype: torch.dtype) -> str:
 
 
 def _num_splits(T: int, block_t: int, device: torch.device) -> int:
-    """Vocabulary splits so that about two programs run per multiprocessor."""
+    """Vocabulary splits so that about `_PROGRAMS_PER_SM` programs run per multiprocessor."""
     if device.type != "cuda":
         return 2
     num_sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, round(2 * num_sms / triton.cdiv(T, block_t)))
+    return max(1, round(_PROGRAMS_PER_SM * num_sms / triton.cdiv(T, block_t)))
 
 
 def _check_inputs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
@@ -241,7 +247,7 @@ def _forward(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
     """
     T, K = hidden.shape
     V = weight.shape[0]
-    b = _blocks(hidden.device, _FWD_BLOCKS_CUDA)
+    b = _blocks(hidden.device, hidden.dtype, _FWD_BLOCKS_CUDA)
     S = _num_splits(T, b.t, hidden.device)
     m, s, a = (torch.empty((S, T), dtype=torch.float32, device=hidden.device) for _ in range(3))
     zl = torch.empty(T, dtype=torch.float32, device=hidden.device)
@@ -268,8 +274,12 @@ def _addmm_fp32_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """acc += a @ b with acc fp32 and a, b possibly bf16/fp16 (fp32 accumulation throughout)."""
     if a.dtype == torch.float32:
         acc.addmm_(a, b)
-    else:
+        return
+    try:
         torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+    except (RuntimeError, TypeError):
+        # Builds without the mixed-dtype GEMM: each chunk's partial is rounded once to bf16.
+        acc += (a @ b).float()
 
 
 def _backward(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor,
@@ -278,7 +288,7 @@ def _backward(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, 
     """dH [T, H] and dW [V, H] (input dtype) from the per-token gradients, chunk by chunk over V."""
     T, K = hidden.shape
     V = weight.shape[0]
-    b = _blocks(hidden.device, _DZ_BLOCKS_CUDA)
+    b = _blocks(hidden.device, hidden.dtype, _DZ_BLOCKS_CUDA)
     ignored = labels == IGNORE_INDEX
     g_lp = torch.where(ignored, 0.0, g_lp.float()).contiguous()
     has_ent = g_ent is not None
