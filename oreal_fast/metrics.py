@@ -1,0 +1,131 @@
+"""Step metrics and trajectory dumps, in the official trainer's formats (reference section 5).
+
+Writes, under one run folder:
+  ``rank0.log.jsonl``      one JSON object per step: the official keys of 5.1 in their order, then ours
+  ``rank0.log``            a text line per ``log_interval`` steps
+  ``tensorboard/``         one scalar per numeric metric per step
+  ``trajectories/step.{i}.jsonl`` and ``.log``  the kept trajectories of step i (5.2)
+
+It does not compute metrics; the trainer hands it a finished dict. Invariant: the jsonl file only
+ever holds complete lines, and a resumed run first drops the lines of steps it will redo.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Iterable
+
+# The keys of the official rank0.log.jsonl, in order (reference 5.1).
+OFFICIAL_KEYS = (
+    "step",
+    "actor_lr",
+    "actor_grad_norm",
+    "token_level_rm_lr",
+    "token_rm_grad_norm",
+    "avg_judger_reward",
+    "avg_adv",
+    "avg_gen_entropy",
+    "avg_ref_kl",
+    "positive_loss",
+    "negative_loss",
+    "kl_penalty_loss",
+    "rl_loss",
+    "token_level_rm_loss",
+    "max_memory",
+    "avg_new_tokens",
+    "num_rl_tokens",
+    "infer_tgs",
+    "rl_tgs",
+    "gen_time",
+    "infer_time",
+    "rl_time",
+    "total_time",
+    "eta",
+)
+
+
+class MetricsWriter:
+    """Appends one step's metrics to the jsonl, the text log and TensorBoard."""
+
+    def __init__(self, run_dir: str, *, log_interval: int = 1, tensorboard: bool = True) -> None:
+        self.run_dir = run_dir
+        self.log_interval = log_interval
+        self.jsonl_path = os.path.join(run_dir, "rank0.log.jsonl")
+        self.text_path = os.path.join(run_dir, "rank0.log")
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(os.path.join(run_dir, "tensorboard"))
+
+    def truncate_after(self, last_step: int) -> None:
+        """Drops jsonl lines of steps > ``last_step`` (1-based), so a resumed run does not log twice."""
+        if not os.path.exists(self.jsonl_path):
+            return
+        with open(self.jsonl_path, encoding="utf-8") as f:
+            kept = [line for line in f if line.strip() and json.loads(line)["step"] <= last_step]
+        with open(self.jsonl_path, "w", encoding="utf-8") as f:
+            f.writelines(kept)
+
+    def write(self, metrics: dict[str, Any], *, kl_coef: float, scheduler_actor_lr: float) -> None:
+        """Writes one step. ``metrics`` must hold every official key; extra keys follow them."""
+        missing = [k for k in OFFICIAL_KEYS if k not in metrics]
+        if missing:
+            raise KeyError(f"step metrics lack official keys {missing}")
+        ordered = {k: metrics[k] for k in OFFICIAL_KEYS}
+        ordered.update({k: v for k, v in metrics.items() if k not in ordered})
+        with open(self.jsonl_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(ordered) + "\n")
+            f.flush()
+        step = ordered["step"]
+        if self._tb is not None:
+            for key, value in ordered.items():
+                if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
+                    self._tb.add_scalar(key, value, step)
+            self._tb.flush()
+        if step % self.log_interval == 0:
+            # The official text line shows the scheduler LR even while the actor is frozen (5.1).
+            shown = dict(ordered, actor_lr=scheduler_actor_lr, kl_coef=kl_coef)
+            line = " ".join(f"{k}: {_fmt(v)}" for k, v in shown.items())
+            with open(self.text_path, "a", encoding="utf-8") as f:
+                f.write(f"[Step {step}] {line}\n")
+
+    def log_text(self, message: str) -> None:
+        """Appends a free-form line (warnings, start-up facts) to the text log."""
+        with open(self.text_path, "a", encoding="utf-8") as f:
+            f.write(message.rstrip("\n") + "\n")
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e-3 and value != 0 else f"{value:.4f}"
+    return str(value)
+
+
+def dump_trajectories(run_dir: str, step: int, records: Iterable[dict[str, Any]], *, debug: bool) -> None:
+    """Writes ``trajectories/step.{step}.jsonl`` and ``.log`` for the kept trajectories (5.2).
+
+    Each record holds ``sequence``, ``num_tokens``, ``judger_reward``, ``judger_advantage`` and,
+    when ``debug``, ``input_ids`` and ``labels``.
+    """
+    folder = os.path.join(run_dir, "trajectories")
+    os.makedirs(folder, exist_ok=True)
+    keys = ("sequence", "num_tokens", "judger_reward", "judger_advantage")
+    if debug:
+        keys += ("input_ids", "labels")
+    records = list(records)
+    with open(os.path.join(folder, f"step.{step}.jsonl"), "w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps({k: r[k] for k in keys}, ensure_ascii=False) + "\n")
+    with open(os.path.join(folder, f"step.{step}.log"), "w", encoding="utf-8") as f:
+        for r in records:
+            for k in keys:
+                sep = "\n" if k == "sequence" else " "
+                f.write(f"[{k}]:{sep}{r[k]}\n" + ("\n" if k == "sequence" else ""))
+            f.write("\n\n" + "=" * 23 + "\n")

@@ -1,0 +1,81 @@
+"""``python -m oreal_fast.plot RUN_DIR [--out FILE]``: one PNG of a run's curves over steps.
+
+Reads ``rank0.log.jsonl`` of a run folder (or the newest run under a ``work_dir``) and draws
+reward, the three actor loss terms, the token-RM loss, KL and response length. Writes
+``RUN_DIR/curves.png`` unless ``--out`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sys
+
+import fire
+
+PANELS = (
+    ("judger reward (mean, +-1)", ("avg_judger_reward",)),
+    ("actor loss terms", ("positive_loss", "negative_loss", "kl_penalty_loss", "rl_loss")),
+    ("token-level RM loss (BCE)", ("token_level_rm_loss",)),
+    ("KL to reference (k1, per token)", ("avg_ref_kl",)),
+    ("response length (tokens)", ("avg_new_tokens",)),
+    ("learning rates", ("actor_lr", "token_level_rm_lr")),
+)
+
+
+def find_metrics_file(path: str) -> str:
+    """The jsonl of a run folder, or of the newest run folder under a work_dir."""
+    direct = os.path.join(path, "rank0.log.jsonl")
+    if os.path.isfile(direct):
+        return direct
+    runs = sorted(glob.glob(os.path.join(path, "*", "rank0.log.jsonl")))
+    if not runs:
+        raise FileNotFoundError(f"{path}: no rank0.log.jsonl here or in a run folder below it")
+    return runs[-1]
+
+
+def read_metrics(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def plot_run(path: str, out: str | None = None) -> str:
+    """Draws the panels for the run at ``path``; returns the PNG path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics_file = find_metrics_file(path)
+    rows = read_metrics(metrics_file)
+    if not rows:
+        raise ValueError(f"{metrics_file} holds no step yet")
+    steps = [r["step"] for r in rows]
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8), constrained_layout=True)
+    for ax, (title, keys) in zip(axes.flat, PANELS):
+        for key in keys:
+            ax.plot(steps, [r[key] for r in rows], marker="o", markersize=3, label=key)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if len(keys) > 1:
+            ax.legend(fontsize=8)
+    fig.suptitle(os.path.dirname(os.path.abspath(metrics_file)))
+    out = out or os.path.join(os.path.dirname(metrics_file), "curves.png")
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def main(run_dir: str, out: str | None = None) -> None:
+    try:
+        written = plot_run(run_dir, out)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"plot: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(written)
+
+
+if __name__ == "__main__":
+    fire.Fire(main)

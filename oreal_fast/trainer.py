@@ -1,0 +1,480 @@
+"""The OREAL step loop (reference section 4), single process; ``train(cfg)`` runs a whole job.
+
+``Trainer.step`` reads like the reference's step list, one call per numbered part; the math lives
+in ``oreal_fast.algo``, the micro-batch work in ``rl_step``, generation in ``rollout``, judging in
+``judge``. This module only orchestrates and keeps the run's state.
+
+Where we differ from the official trainer (details and reasons in docs/differences.md):
+ 1. Log-probs, KL, token weights and losses are computed in fp32, not rounded to bf16 (8.5-8.6).
+ 2. An empty kept set (every group all-correct or all-wrong) skips the RL phase with a logged
+    warning and zero losses instead of crashing (Q8); schedulers still advance.
+ 3. ``eta`` counts the steps actually left, in whole seconds (Q13).
+ 4. Top-k token weights never take K = 0 (Q10); bad configs fail before anything loads (Q10, Q12).
+ 5. Checkpoints also hold what a resume needs, written atomically; ``--resume`` continues a run.
+ 6. The judger has timeouts everywhere; a verifier failure is still reward -1, but counted.
+ 7. The reference forward and the token RM run before the actor in each micro-batch (10.3 allows it).
+Data parallelism keeps ``dp`` in the math (normalisers are global counts); this loop runs dp = 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import resource
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from oreal_fast import checkpoint as ckpt
+from oreal_fast.algo import (
+    ActorMetricSums,
+    OfficialLRScheduler,
+    actor_metrics,
+    compute_advantages,
+    global_normalisers,
+    select_trajectories,
+)
+from oreal_fast.config import TrainConfig, validate_stop_word
+from oreal_fast.data.chat import render_prompt_ids
+from oreal_fast.data.prompts import PromptRecord, balance_by_difficulty, load_prompt_records
+from oreal_fast.data.sampler import PromptSampler, repeat_k
+from oreal_fast.judge import JudgeItem, Router
+from oreal_fast.metrics import MetricsWriter, dump_trajectories
+from oreal_fast.model.hf_io import load_decoder, load_token_rm, load_tokenizer, save_hf_checkpoint
+from oreal_fast.rl_step import MicroStepSums, Precision, RLModels, rl_micro_step
+from oreal_fast.rollout import ReferenceSampler, RolloutEngine, SamplingParams
+from oreal_fast.trajectories import Trajectory, make_micro_batches
+
+log = logging.getLogger("oreal_fast")
+
+
+def set_random_seed(seed: int) -> None:
+    """Seeds Python ``random``, numpy and torch (CPU and CUDA), as the official trainer does."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device='cuda' but no CUDA device is visible")
+    return torch.device(name)
+
+
+def resolve_precision(cfg: TrainConfig, device: torch.device) -> Precision:
+    """``dtype=auto``: bf16 on a GPU that has it, else fp16; on CPU fp32 (bf16 matmuls are slow there)."""
+    named = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    if cfg.dtype in named:
+        dtype = named[cfg.dtype]
+    elif device.type == "cuda":
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    else:
+        dtype = torch.float32
+    if device.type == "cpu" and dtype != torch.float32:
+        raise RuntimeError(f"dtype={cfg.dtype} needs a GPU; on CPU use dtype='fp32' or 'auto'")
+    return Precision(device, dtype)
+
+
+def resolve_loss_impl(cfg: TrainConfig, device: torch.device) -> str:
+    """``loss_impl`` -> the ``impl`` of ``linear_logprob``: fused = Triton kernels, eager = twin."""
+    if cfg.loss_impl == "auto":
+        return "triton" if device.type == "cuda" else "eager"
+    if cfg.loss_impl == "fused" and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("loss_impl='fused' on CPU needs TRITON_INTERPRET=1 (the Triton interpreter)")
+    return "triton" if cfg.loss_impl == "fused" else "eager"
+
+
+@dataclass
+class StepBatch:
+    """What one step generated: k copies of each prompt, their responses and decoded texts."""
+
+    records: list[PromptRecord]
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+    response_texts: list[str]
+
+
+class Trainer:
+    """Holds the models, optimisers, schedulers, data and outputs of one run.
+
+    ``rollout`` and ``router`` may be injected (tests script them); by default the actor's own
+    weights generate through ``ReferenceSampler`` and the config's judgers score.
+    """
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        *,
+        rollout: RolloutEngine | None = None,
+        router: Router | None = None,
+        run_dir: str | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.device = resolve_device(cfg.device)
+        self.precision = resolve_precision(cfg, self.device)
+        self.logprob_impl = resolve_loss_impl(cfg, self.device)
+        resume_path = ckpt.find_resume_state(cfg.resume, cfg.work_dir) if cfg.resume else None
+        resume_state = ckpt.load_resume_state(resume_path) if resume_path else None
+        self.run_dir = run_dir or (resume_state["run_dir"] if resume_state else
+                                   os.path.join(cfg.work_dir, datetime.now().strftime("%Y%m%d%H%M%S")))
+        os.makedirs(self.run_dir, exist_ok=True)
+        set_random_seed(cfg.seed)
+
+        self.tokenizer = load_tokenizer(cfg.actor)
+        if cfg.chat_template is not None:
+            self.tokenizer.chat_template = cfg.chat_template
+        self.stop_token_id = validate_stop_word(cfg, self.tokenizer)
+
+        self._load_data()
+        self.total_steps = min(cfg.total_steps, self.sampler.num_steps)  # official cap (3.4)
+        self._load_models()
+        self._build_optimizers()
+        self.rollout = rollout or ReferenceSampler(self.models.actor, max_batch_size=cfg.gen_global_batch)
+        # The Router draws its first verifier host from Python's global `random`, as the official
+        # judger does, before any filter draw (Q15): build it after seeding, before the first step.
+        self.router = router or Router(cfg.judgers_config, cfg.data_judger_mapping)
+        self.sampling_generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        self.metrics = MetricsWriter(self.run_dir, log_interval=cfg.log_interval)
+        self.start_step = 0
+        if resume_state is not None:
+            self._restore(resume_state)
+            self.metrics.log_text(f"resumed from {resume_path} at step {self.start_step + 1}")
+
+    # ----------------------------------------------------------------------------------------
+    # construction
+
+    def _load_data(self) -> None:
+        """Prompt records -> difficulty balancing -> seeded sampler (3.1-3.4)."""
+        records = load_prompt_records(self.cfg.datasets, max_prompts=self.cfg.max_prompts)
+        self.records = balance_by_difficulty(records, self.cfg.data_difficulty_balance_cfg)
+        if not self.records:
+            raise ValueError(
+                f"datasets {self.cfg.datasets!r}: no prompt is left after difficulty balancing "
+                f"({len(records)} records, buckets {self.cfg.data_difficulty_balance_cfg})"
+            )
+        prompts_per_step = self.cfg.gen_global_batch // self.cfg.prompt_repeat_k
+        self.sampler = PromptSampler(len(self.records), prompts_per_step, self.cfg.seed)
+        self._prompt_ids: dict[int, list[int]] = {}
+
+    def _load_models(self) -> None:
+        """Actor and token RM as fp32 masters, the frozen reference in the compute dtype (1.1)."""
+        cfg, device = self.cfg, self.device
+        actor = load_decoder(cfg.actor, dtype=torch.float32, device=device)
+        reference = load_decoder(cfg.reference or cfg.actor, dtype=self.precision.compute_dtype, device=device)
+        reference.requires_grad_(False).eval()
+        token_rm = None
+        if cfg.token_level_rm is not None:
+            token_rm = load_token_rm(cfg.token_level_rm, dtype=torch.float32, device=device)
+        self.models = RLModels(actor, reference, token_rm)
+
+    def _build_optimizers(self) -> None:
+        """AdamW with torch defaults and weight decay on every parameter; the official LR stepping (1.2, 4.13)."""
+        cfg = self.cfg
+        fused = self.device.type == "cuda"
+        self.actor_optimizer = torch.optim.AdamW(
+            self.models.actor.parameters(), lr=cfg.actor_lr, weight_decay=cfg.wd, fused=fused)
+        self.actor_scheduler = OfficialLRScheduler(
+            self.actor_optimizer, peak_lr=cfg.actor_lr, min_lr=_or(cfg.actor_min_lr, cfg.actor_lr),
+            warmup_steps=cfg.warmup_steps, total_steps=self.total_steps, branch_warmup_steps=cfg.warmup_steps)
+        self.rm_optimizer = self.rm_scheduler = None
+        if self.models.token_rm is not None:
+            rm_warmup = _or(cfg.rm_warmup_steps, cfg.warmup_steps)
+            self.rm_optimizer = torch.optim.AdamW(
+                self.models.token_rm.parameters(), lr=cfg.token_level_rm_lr, weight_decay=cfg.wd, fused=fused)
+            self.rm_scheduler = OfficialLRScheduler(
+                self.rm_optimizer, peak_lr=cfg.token_level_rm_lr,
+                min_lr=_or(cfg.token_level_rm_lr_min, cfg.token_level_rm_lr),
+                warmup_steps=rm_warmup, total_steps=self.total_steps, branch_warmup_steps=cfg.warmup_steps)
+
+    # ----------------------------------------------------------------------------------------
+    # the step (reference 4.1 - 4.14)
+
+    def step(self, step: int) -> dict:
+        """One RL step; returns its metrics (official keys first)."""
+        cfg = self.cfg
+        t_start = time.perf_counter()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        actor_lr, rm_lr = self.step_schedulers(step)                                    # 4.1, 4.13
+        update_actor = step >= cfg.actor_freeze_steps                                   # 4.1, 4.14
+        self._phase("generate")
+        batch, gen_time = self.generate(step)                                           # 3.4, 3.5, 4.2
+        self._phase("judge")
+        with ThreadPoolExecutor(max_workers=1) as pool:                                 # 4.3 runs while
+            judging = pool.submit(self.judge, batch)                                    # 4.6 repacks
+            t_infer = time.perf_counter()
+            trajectories = self.build_trajectories(batch)                               # 4.6
+            infer_time = time.perf_counter() - t_infer
+            rewards, judge_counters = judging.result()
+        advantages = compute_advantages(torch.tensor(rewards), cfg.prompt_repeat_k, cfg.reward_shaping_type)  # 4.4
+        for t, r, a in zip(trajectories, rewards, advantages.tolist()):
+            t.reward, t.advantage = r, a
+        selection = select_trajectories(rewards, cfg.prompt_repeat_k, random, cfg.filter_trajectory)  # 4.5
+        kept = [trajectories[i] for i in selection.indices]
+        for t, p in zip(kept, selection.pass_rates):
+            t.pass_rate = p
+        dump_trajectories(self.run_dir, step, self._dump_records(kept), debug=cfg.debug)
+        self._phase("rl")
+        t_rl = time.perf_counter()
+        sums = self.rl_phase(kept, update_actor)                                        # 4.7 - 4.11
+        actor_grad_norm, rm_grad_norm = self.optimizer_steps(update_actor and bool(kept))  # 4.12
+        rl_time = time.perf_counter() - t_rl
+        return self._step_metrics(
+            step, batch, rewards, kept, sums, judge_counters,
+            actor_lr=actor_lr if update_actor else 0.0, rm_lr=rm_lr,
+            actor_grad_norm=actor_grad_norm, rm_grad_norm=rm_grad_norm,
+            gen_time=gen_time, infer_time=infer_time, rl_time=rl_time,
+            total_time=time.perf_counter() - t_start,
+        )
+
+    def step_schedulers(self, step: int) -> tuple[float, float]:
+        """Both LR schedulers advance before any optimizer step, frozen actor included (4.13, Q5)."""
+        actor_lr = self.actor_scheduler.step(step)
+        rm_lr = self.rm_scheduler.step(step) if self.rm_scheduler is not None else 0.0
+        return actor_lr, rm_lr
+
+    def generate(self, step: int) -> tuple[StepBatch, float]:
+        """The step's prompts, each repeated k times, sampled by the actor (3.4, 3.5, 4.2)."""
+        cfg = self.cfg
+        records = repeat_k([self.records[i] for i in self.sampler.batch(step)], cfg.prompt_repeat_k)
+        prompt_ids = [self._prompt_token_ids(r) for r in records]
+        params = SamplingParams(
+            max_new_tokens=cfg.gen_max_new, max_length=cfg.gen_max_length, top_k=cfg.gen_top_k,
+            top_p=cfg.gen_top_p, temperature=cfg.temperature, do_sample=cfg.gen_do_sample,
+            stop_token_ids=(self.stop_token_id,))
+        actor = self.models.actor
+        t0 = time.perf_counter()
+        actor.eval()
+        with torch.no_grad(), self.precision.autocast():
+            responses = self.rollout.generate(prompt_ids, params, self.sampling_generator)
+        actor.train()
+        gen_time = time.perf_counter() - t0
+        texts = self.tokenizer.batch_decode(responses, skip_special_tokens=False)
+        return StepBatch(records, prompt_ids, responses, texts), gen_time
+
+    def _prompt_token_ids(self, record: PromptRecord) -> list[int]:
+        key = id(record)
+        if key not in self._prompt_ids:
+            ids = render_prompt_ids(self.tokenizer, self.cfg.chat_template, record.message_data)
+            if len(ids) >= self.cfg.gen_max_length:
+                raise ValueError(
+                    f"a prompt has {len(ids)} tokens, not less than gen_max_length={self.cfg.gen_max_length}; "
+                    f"raise gen_max_length or drop the prompt: {record.question[:80]!r}")
+            self._prompt_ids[key] = ids
+        return self._prompt_ids[key]
+
+    def judge(self, batch: StepBatch) -> tuple[list[float], dict[str, int]]:
+        """Rewards in {+1, -1}, in sample order, and the judger's counters (4.3)."""
+        items = [
+            JudgeItem(question=r.question, response_text=text, gold_answer=r.gold_answer,
+                      data_source=r.metadata["data_source"])
+            for r, text in zip(batch.records, batch.response_texts)
+        ]
+        outcome = self.router.judge(items)
+        return [float(r) for r in outcome.rewards], dict(outcome.counters)
+
+    def build_trajectories(self, batch: StepBatch) -> list[Trajectory]:
+        """The "infer" stage: prompt + response ids of every sample, labels pre-shifted (4.6)."""
+        return [
+            Trajectory(prompt_ids=p, response_ids=r, reward=0.0, advantage=0.0,
+                       question=rec.question, gold_answer=rec.gold_answer)
+            for rec, p, r in zip(batch.records, batch.prompt_ids, batch.response_ids)
+        ]
+
+    def rl_phase(self, kept: list[Trajectory], update_actor: bool) -> MicroStepSums | None:
+        """Global normalisers, then every micro-batch in kept order with gradient accumulation (4.7-4.11).
+
+        Returns None when nothing was kept (Q8: logged, the step goes on with zero losses).
+        """
+        if not kept:
+            msg = (f"no trajectory kept: every group of {self.cfg.prompt_repeat_k} was all-correct or "
+                   "all-wrong, so the RL phase is skipped this step")
+            log.warning(msg)
+            self.metrics.log_text(f"WARNING {msg}")
+            return None
+        device = self.device
+        norm = global_normalisers(
+            torch.tensor([t.num_actions for t in kept], device=device),
+            torch.tensor([t.reward for t in kept], device=device))
+        total = None
+        for micro in make_micro_batches(kept, self.cfg.rl_mirco_batch):
+            sums = rl_micro_step(self.models, micro.to(device), norm, self.cfg, self.precision,
+                                 update_actor=update_actor, logprob_impl=self.logprob_impl)
+            total = sums if total is None else MicroStepSums(*(a + b for a, b in zip(total, sums)))
+        return total
+
+    def optimizer_steps(self, update_actor: bool) -> tuple[float, float]:
+        """Clip (pre-clip norms returned) and one AdamW step per trained model (4.12)."""
+        actor_norm = rm_norm = 0.0
+        if update_actor:
+            actor_norm = _clip_and_step(self.models.actor, self.actor_optimizer, self.cfg.max_grad_norm)
+        if self.models.token_rm is not None:
+            rm_norm = _clip_and_step(self.models.token_rm, self.rm_optimizer, self.cfg.max_grad_norm)
+        return actor_norm, rm_norm
+
+    # ----------------------------------------------------------------------------------------
+    # outputs
+
+    def _dump_records(self, kept: list[Trajectory]) -> list[dict]:
+        decode = self.tokenizer.decode
+        return [
+            {"sequence": decode(t.input_ids, skip_special_tokens=False), "num_tokens": t.num_tokens,
+             "judger_reward": t.reward, "judger_advantage": t.advantage,
+             "input_ids": t.input_ids, "labels": t.labels}
+            for t in kept
+        ]
+
+    def _step_metrics(self, step, batch, rewards, kept, sums, judge_counters, *, actor_lr, rm_lr,
+                      actor_grad_norm, rm_grad_norm, gen_time, infer_time, rl_time, total_time) -> dict:
+        """The official keys of 5.1 (dp = 1, so every one is global), then ours."""
+        zero = torch.zeros(())
+        if sums is None:
+            sums = MicroStepSums(*([zero] * 8))
+        averages = actor_metrics(ActorMetricSums(sums.adv_sum, sums.neg_logprob_sum, sums.ref_kl_sum,
+                                                 sums.num_action_tokens))
+        values = {k: float(v) for k, v in sums._asdict().items()}  # the step's one host sync
+        averages = {k: float(v) for k, v in averages.items()}
+        num_gen_tokens = sum(len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids))
+        num_rl_tokens = sum(t.num_tokens for t in kept)
+        steps_left = self.total_steps - step - 1
+        metrics = {
+            "step": step + 1,
+            "actor_lr": actor_lr,
+            "actor_grad_norm": actor_grad_norm,
+            "token_level_rm_lr": rm_lr,
+            "token_rm_grad_norm": rm_grad_norm,
+            "avg_judger_reward": sum(rewards) / len(rewards),
+            "avg_adv": averages["avg_adv"],
+            "avg_gen_entropy": averages["avg_gen_entropy"],
+            "avg_ref_kl": averages["avg_ref_kl"],
+            "positive_loss": values["positive_loss"],
+            "negative_loss": values["negative_loss"],
+            "kl_penalty_loss": values["kl_penalty_loss"],
+            "rl_loss": values["positive_loss"] + values["negative_loss"] + values["kl_penalty_loss"],
+            "token_level_rm_loss": values["token_level_rm_loss"],
+            "max_memory": _peak_memory_gib(self.device),
+            "avg_new_tokens": sum(len(r) for r in batch.response_ids) / len(batch.response_ids),
+            "num_rl_tokens": num_rl_tokens,
+            "infer_tgs": int(num_gen_tokens / max(infer_time, 1e-9)),
+            "rl_tgs": int(num_rl_tokens / max(rl_time, 1e-9)),
+            "gen_time": gen_time,
+            "infer_time": infer_time,
+            "rl_time": rl_time,
+            "total_time": total_time,
+            "eta": int(total_time * steps_left),
+            # ours, after the official keys
+            "num_kept": len(kept),
+            "gen_tgs": int(sum(len(r) for r in batch.response_ids) / max(gen_time, 1e-9)),
+            **{f"judger_{k}": v for k, v in judge_counters.items()},
+        }
+        return metrics
+
+    def _phase(self, name: str) -> None:
+        if getattr(self, "_progress", None) is not None:
+            self._progress.set_postfix_str(f"{name} | {self._last_summary}", refresh=True)
+
+    # ----------------------------------------------------------------------------------------
+    # checkpoints and resume
+
+    def save_checkpoint(self, step: int) -> None:
+        """``hf-{step}`` (the official actor folder, bf16) and the resume state beside it."""
+        cfg = self.cfg
+        folder = os.path.join(self.run_dir, ckpt.hf_folder_name(step + 1, self.total_steps))
+        ckpt.write_folder_atomically(
+            folder, lambda tmp: save_hf_checkpoint(self.models.actor, self.tokenizer, tmp, dtype=torch.bfloat16))
+        state = {
+            "run_dir": self.run_dir,
+            "next_step": step + 1,
+            "config": cfg.to_dict(),
+            "actor": self.models.actor.state_dict(),
+            "token_rm": self.models.token_rm.state_dict() if self.models.token_rm is not None else None,
+            "actor_optimizer": self.actor_optimizer.state_dict(),
+            "rm_optimizer": self.rm_optimizer.state_dict() if self.rm_optimizer is not None else None,
+            "actor_scheduler": self.actor_scheduler.state_dict(),
+            "rm_scheduler": self.rm_scheduler.state_dict() if self.rm_scheduler is not None else None,
+            "sampler": self.sampler.state_dict(),
+            "sampling_generator": self.sampling_generator.get_state(),
+            "rng": ckpt.rng_state(),
+        }
+        ckpt.save_resume_state(self.run_dir, step + 1, state)
+
+    def _restore(self, state: dict) -> None:
+        self.models.actor.load_state_dict(state["actor"])
+        if self.models.token_rm is not None:
+            self.models.token_rm.load_state_dict(state["token_rm"])
+            self.rm_optimizer.load_state_dict(state["rm_optimizer"])
+            self.rm_scheduler.load_state_dict(state["rm_scheduler"])
+        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
+        self.actor_scheduler.load_state_dict(state["actor_scheduler"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.sampling_generator.set_state(state["sampling_generator"])
+        ckpt.set_rng_state(state["rng"])
+        self.start_step = state["next_step"]
+        self.metrics.truncate_after(self.start_step)
+
+    # ----------------------------------------------------------------------------------------
+    # the run
+
+    def fit(self) -> str:
+        """Runs steps ``start_step .. total_steps - 1``; returns the run folder."""
+        cfg = self.cfg
+        every = cfg.checkpoint_every()
+        self._last_summary = "starting"
+        self.metrics.log_text(f"run {self.run_dir}: config {cfg.config_path}, {self.total_steps} steps, "
+                              f"device {self.device}, compute {self.precision.compute_dtype}, "
+                              f"logprobs {self.logprob_impl}")
+        self._progress = tqdm(range(self.start_step, self.total_steps), initial=self.start_step,
+                              total=self.total_steps, desc="oreal", unit="step", file=sys.stderr)
+        try:
+            for step in self._progress:
+                metrics = self.step(step)
+                self.metrics.write(metrics, kl_coef=cfg.kl_coef, scheduler_actor_lr=self.actor_scheduler.lr)
+                self._last_summary = (f"reward {metrics['avg_judger_reward']:+.3f} "
+                                      f"rl_loss {metrics['rl_loss']:.4g} eta {metrics['eta']}s")
+                self._phase("done")
+                if (step + 1) % every == 0 or step + 1 == self.total_steps:
+                    self._phase("checkpoint")
+                    self.save_checkpoint(step)
+        finally:
+            self._progress.close()
+            self.metrics.close()
+            self.router.close()
+        return self.run_dir
+
+
+def _or(value, default):
+    return default if value is None else value
+
+
+def _clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> float:
+    """Global L2 clip with coefficient min(1, max_norm / (norm + 1e-6)), AdamW step, zero grads."""
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(norm)
+
+
+def _peak_memory_gib(device: torch.device) -> float:
+    """Peak allocated GPU memory of the step; on CPU the process's peak resident size."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def train(cfg: TrainConfig) -> str:
+    """Builds a ``Trainer`` for ``cfg`` and runs it to the end; returns the run folder."""
+    logging.basicConfig(level=logging.DEBUG if cfg.debug else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(message)s")
+    run_dir = Trainer(cfg).fit()
+    print(f"\nDone. Metrics: {os.path.join(run_dir, 'rank0.log.jsonl')}\n"
+          f"Plot them:  python -m oreal_fast.plot {run_dir}", file=sys.stderr)
+    return run_dir

@@ -1,0 +1,93 @@
+"""Fixtures for step-loop tests: a byte-level tokenizer with ChatML markers, a tiny random Qwen2
+checkpoint folder, a prompt file, and scripted rollout / judger stand-ins."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+CHATML = (
+    "{%- for m in messages %}{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def make_tokenizer():
+    """Byte-level BPE with no merges (every byte one token) plus ChatML specials: 259 ids."""
+    from tokenizers import Tokenizer, decoders, models
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {c: i for i, c in enumerate(sorted(ByteLevel.alphabet()))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   chat_template=CHATML)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """A random-init Qwen2 (2 layers, H=32, GQA, qkv bias, tied) saved as an HF folder with its tokenizer."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    folder = tmp_path_factory.mktemp("tiny_qwen2")
+    torch.manual_seed(1234)
+    config = Qwen2Config(vocab_size=272, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=True, rope_theta=10000.0)
+    model = Qwen2ForCausalLM(config)
+    model.save_pretrained(folder)
+    make_tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture
+def prompt_file(tmp_path) -> str:
+    """Eight problems with pass rates in the balanced buckets."""
+    path = tmp_path / "problems.jsonl"
+    rows = [{"question": f"What is {a} + {a}?", "gold_answer": str(2 * a), "pass_rate": 0.25}
+            for a in range(1, 9)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+@dataclass
+class ScriptedRollout:
+    """Answers every prompt with the next text of ``texts`` (cycled), encoded, stop token appended."""
+
+    tokenizer: object
+    texts: list[str]
+    stop_token_id: int
+    calls: int = 0
+
+    def generate(self, prompts, params, generator):
+        out = []
+        for i, _ in enumerate(prompts):
+            text = self.texts[(self.calls * len(prompts) + i) % len(self.texts)]
+            ids = self.tokenizer.encode(text, add_special_tokens=False)[: params.max_new_tokens - 1]
+            out.append(ids + [self.stop_token_id])
+        self.calls += 1
+        return out
+
+
+class ScriptedRouter:
+    """Returns the next rewards of ``pattern`` (cycled) for each item."""
+
+    def __init__(self, pattern: list[float]):
+        self.pattern = pattern
+        self.seen = 0
+
+    def judge(self, items):
+        from oreal_fast.judge import JudgeOutcome
+
+        rewards = [self.pattern[(self.seen + i) % len(self.pattern)] for i in range(len(items))]
+        self.seen += len(items)
+        return JudgeOutcome(rewards=rewards, counters={"rule_confirmed": sum(r > 0 for r in rewards)})
+
+    def close(self):
+        pass

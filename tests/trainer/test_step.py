@@ -1,0 +1,158 @@
+"""One full RL step on a tiny random model with a scripted rollout and judger, checked against an
+independent computation of reference 4.4-4.12 with transformers' own Qwen2 and plain torch."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+import torch
+
+from oreal_fast.config import load_config
+from oreal_fast.trainer import Trainer
+
+from conftest import ScriptedRollout, ScriptedRouter, make_tokenizer
+
+K = 4
+REWARDS = [1.0, -1.0, -1.0, 1.0, -1.0, -1.0, -1.0, -1.0]  # group 0 mixed (c = 2), group 1 all wrong
+TEXTS = ["1 + 1 = 2, so \\boxed{2}", "It is 3.", "maybe 7", "The answer is 2",
+         "No idea", "4?", "five", "\\boxed{9}"]
+KL_COEF, ALPHA, BETA = 0.05, 1.0, 0.5
+
+
+def write_config(tmp_path, actor: str, reference: str, prompt_file: str, **extra) -> str:
+    fields = dict(
+        actor=actor, reference=reference, token_level_rm=reference, datasets=prompt_file,
+        stop_word="<|im_end|>", dtype="fp32", device="cpu", loss_impl="eager",
+        data_difficulty_balance_cfg=None, gen_global_batch=2 * K, prompt_repeat_k=K,
+        gen_max_new=40, gen_max_length=160, rl_mirco_batch=2, filter_trajectory=True,
+        warmup_steps=1, total_steps=4, actor_freeze_steps=0, actor_lr=1e-3, actor_min_lr=1e-4,
+        token_level_rm_lr=1e-3, token_level_rm_lr_min=1e-4, threshold_rescale=True,
+        correct_threshold=0.5, incorrect_threshold=0.5, reward_shaping_type="rloo",
+        positive_loss_factor=ALPHA, negative_loss_factor=BETA, pos_mult_adv=True, kl_coef=KL_COEF,
+        kl_type="unbias", work_dir=str(tmp_path / "work"), checkpoint_interval=2, seed=0, debug=True,
+        judgers_config={"math_judger": {"hosts": [], "stop_word": "<|im_end|>", "rule_only": True}},
+        data_judger_mapping={"math": ["math_judger"]},
+    )
+    fields.update(extra)
+    path = tmp_path / "cfg.py"
+    path.write_text("".join(f"{k} = {v!r}\n" for k, v in fields.items()))
+    return str(path)
+
+
+@pytest.fixture
+def perturbed_actor_dir(tiny_model_dir, tmp_path) -> str:
+    """The tiny model with every weight moved a little, so actor != reference and the KL is not 0."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    folder = tmp_path / "actor"
+    model.save_pretrained(folder)
+    make_tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
+def make_trainer(cfg, rewards=REWARDS) -> Trainer:
+    tok = make_tokenizer()
+    rollout = ScriptedRollout(tok, TEXTS, tok.convert_tokens_to_ids("<|im_end|>"))
+    return Trainer(cfg, rollout=rollout, router=ScriptedRouter(rewards))
+
+
+def independent_step(actor_dir, ref_dir, head, kept):
+    """Reference 4.4-4.12 for the kept (input_ids, labels, reward) with HF Qwen2 and plain torch."""
+    from transformers import AutoModelForCausalLM
+
+    actor = AutoModelForCausalLM.from_pretrained(actor_dir, dtype=torch.float64)
+    ref = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float64)
+    rm = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float64)
+    head = head.double().clone().requires_grad_(True)
+    # RLOO in group 0 (c = 2 of 4): correct 1 - (0 - 1)/3 = 4/3, incorrect -1 - (0 + 1)/3 = -4/3
+    adv = {1.0: 4 / 3, -1.0: -4 / 3}
+    lens = [sum(l != -100 for l in t["labels"]) for t in kept]
+    n_act, n_pos = sum(lens), sum(n for n, t in zip(lens, kept) if t["judger_reward"] > 0)
+    n_neg, m = n_act - n_pos, len(kept)
+    pos = neg = kl = rm_loss = adv_sum = nll = k1 = 0.0
+    for t in kept:
+        ids = torch.tensor([t["input_ids"]])
+        labels = torch.tensor(t["labels"])
+        act = labels != -100
+        lp = torch.log_softmax(actor(ids).logits[0], -1)[act].gather(1, labels[act][:, None])[:, 0]
+        with torch.no_grad():
+            lref = torch.log_softmax(ref(ids).logits[0], -1)[act].gather(1, labels[act][:, None])[:, 0]
+        s = (rm.model(ids).last_hidden_state[0] @ head.T)[:, 0][act]
+        y = 1.0 if t["judger_reward"] > 0 else 0.0
+        rm_loss = rm_loss + torch.nn.functional.binary_cross_entropy_with_logits(s.mean(), torch.tensor(y, dtype=s.dtype)) / m
+        c = torch.cumsum(s.detach(), 0) / torch.arange(1, len(s) + 1)
+        p = torch.sigmoid(c)
+        w_pos, w_neg = ((p - 0.5) / 0.5).clamp(0, 1), (((1 - p) - 0.5) / 0.5).clamp(0, 1)
+        a = adv[t["judger_reward"]]
+        if t["judger_reward"] > 0:
+            pos = pos + ALPHA / n_pos * a * (w_pos * -lp).sum()
+        else:
+            neg = neg - BETA / n_neg * (a * w_neg * torch.exp(lp - lp.detach())).sum()
+        d = lref - lp
+        kl = kl + KL_COEF / n_act * (torch.exp(d) - d - 1).sum()
+        adv_sum += a
+        nll += -lp.sum().item()
+        k1 += (lp - lref).sum().item()
+    (pos + neg + kl).backward()
+    rm_loss.backward()
+    norm = lambda ps: math.sqrt(sum(float((p.grad ** 2).sum()) for p in ps if p.grad is not None))
+    return {
+        "positive_loss": float(pos.detach()), "negative_loss": float(neg.detach()),
+        "kl_penalty_loss": float(kl.detach()),
+        "rl_loss": float((pos + neg + kl).detach()), "token_level_rm_loss": float(rm_loss.detach()),
+        "avg_adv": adv_sum / n_act, "avg_gen_entropy": nll / n_act, "avg_ref_kl": k1 / n_act,
+        "actor_grad_norm": norm(actor.parameters()),
+        "token_rm_grad_norm": norm(list(rm.model.parameters()) + [head]),
+    }
+
+
+def test_full_step_metrics_equal_independent_computation(tmp_path, tiny_model_dir, perturbed_actor_dir, prompt_file):
+    cfg = load_config(write_config(tmp_path, perturbed_actor_dir, tiny_model_dir, prompt_file))
+    trainer = make_trainer(cfg)
+    head = torch.randn(1, 32, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        trainer.models.token_rm.score_head.weight.copy_(head)
+    metrics = trainer.step(0)
+
+    with open(os.path.join(trainer.run_dir, "trajectories", "step.0.jsonl")) as f:
+        kept = [json.loads(line) for line in f]
+    assert [t["judger_reward"] for t in kept] == [1.0, -1.0]  # one pair, correct first
+    expected = independent_step(perturbed_actor_dir, tiny_model_dir, head, kept)
+    for key, value in expected.items():
+        assert metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-7), key
+    assert metrics["avg_judger_reward"] == pytest.approx(sum(REWARDS) / len(REWARDS))
+    assert metrics["actor_lr"] == pytest.approx(1e-3)  # warmup 1: step 0 is already at peak
+    assert metrics["num_rl_tokens"] == sum(t["num_tokens"] for t in kept)
+    assert metrics["kl_penalty_loss"] > 0 and metrics["negative_loss"] != 0
+
+
+def test_frozen_actor_logs_zero_lr_and_norm_and_keeps_weights(tmp_path, tiny_model_dir, perturbed_actor_dir, prompt_file):
+    cfg = load_config(write_config(tmp_path, perturbed_actor_dir, tiny_model_dir, prompt_file, actor_freeze_steps=1))
+    trainer = make_trainer(cfg)
+    before = {k: v.clone() for k, v in trainer.models.actor.state_dict().items()}
+    metrics = trainer.step(0)
+    assert metrics["actor_lr"] == 0.0 and metrics["actor_grad_norm"] == 0.0
+    assert metrics["token_rm_grad_norm"] > 0
+    assert all(torch.equal(before[k], v) for k, v in trainer.models.actor.state_dict().items())
+
+
+def test_empty_kept_set_skips_rl_phase_and_run_goes_on(tmp_path, tiny_model_dir, prompt_file):
+    """Q8: every group all-correct or all-wrong -> warning, zero losses, schedulers advance."""
+    cfg = load_config(write_config(tmp_path, tiny_model_dir, tiny_model_dir, prompt_file, total_steps=3))
+    trainer = make_trainer(cfg, rewards=[1.0] * K + [-1.0] * K)
+    run_dir = trainer.fit()
+    with open(os.path.join(run_dir, "rank0.log.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["num_kept"] == 0 and r["rl_loss"] == 0.0 and r["token_level_rm_loss"] == 0.0 for r in rows)
+    assert rows[2]["token_level_rm_lr"] < rows[1]["token_level_rm_lr"]  # cosine after the warmup
+    with open(os.path.join(run_dir, "rank0.log")) as f:
+        assert "no trajectory kept" in f.read()
