@@ -29,8 +29,9 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 _RULE_MODULES = ["oreal_fast.judge.rule_official", "oreal_fast.judge.rule_strict"]
-# Far above what a real check needs (tens of MB), far below a machine's memory.
-_WORKER_ADDRESS_SPACE = 4 << 30
+# Address space a worker may add to what it has mapped at start: far above what a real check
+# needs (tens of MB), far below a machine's memory.
+_WORKER_HEADROOM = 4 << 30
 
 
 class RuleVerdict(enum.Enum):
@@ -50,16 +51,11 @@ def _worker_main(conn: multiprocessing.connection.Connection) -> None:
     """Loop of one worker: receive a task, send back a bool, until told to stop (None)."""
     import importlib
 
-    try:
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_AS, (_WORKER_ADDRESS_SPACE, _WORKER_ADDRESS_SPACE))
-    except (ImportError, ValueError, OSError):
-        pass  # no rlimit on this platform: the deadline still holds
     checkers = {
         "official": importlib.import_module(_RULE_MODULES[0]).check,
         "strict": importlib.import_module(_RULE_MODULES[1]).check,
     }
+    _cap_address_space()
     conn.send("ready")  # imports done: from now on a deadline measures checking alone
     while True:
         try:
@@ -73,6 +69,19 @@ def _worker_main(conn: multiprocessing.connection.Connection) -> None:
         except BaseException:  # MemoryError etc.: the checker gave no verdict, so no +1
             ok = False
         conn.send(ok)
+
+
+def _cap_address_space() -> None:
+    """Cap this process at its current mapping + headroom (a cap below it would fail every check)."""
+    try:
+        import resource
+
+        with open("/proc/self/statm") as f:
+            mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        cap = mapped + _WORKER_HEADROOM
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    except (ImportError, OSError, ValueError):
+        pass  # no /proc or rlimit on this platform: the deadline still holds
 
 
 class _Worker:

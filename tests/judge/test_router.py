@@ -1,0 +1,129 @@
+"""Router end to end: rule workers plus the verifier client against a real local server."""
+
+import time
+
+import pytest
+
+from oreal_fast.judge import JudgeItem, Router
+
+E = "<|im_end|>"
+FAST = {  # timeouts small enough for tests; every failure path still takes the real code path
+    "num_processes": 2,
+    "rule_timeout_s": 5.0,
+    "connect_timeout_s": 1.0,
+    "read_timeout_s": 1.0,
+    "max_retries": 2,
+    "retry_delay_s": 0.05,
+    "max_concurrency": 16,
+}
+MAPPING = {"math": ["math_judger"]}
+
+
+def _miss(kind: str) -> JudgeItem:
+    """A response the rule cannot confirm, so the server's scripted reply decides."""
+    return JudgeItem(question=f"Q-{kind}", response_text=r"work... \boxed{7}" + E, gold_answer=f"REPLY={kind}")
+
+
+def _router(hosts: list[str], **extra) -> Router:
+    return Router({"math_judger": {"hosts": hosts, **FAST, **extra}}, MAPPING)
+
+
+@pytest.mark.parametrize(
+    "switch,expected,failures",
+    [
+        # A, B, CORRECT, INCORRECT, garbage, HTTP 500, never answers, rule +1, no stop word
+        (False, [1, -1, -1, -1, -1, -1, -1, 1, -1], 5),
+        (True, [1, -1, 1, -1, -1, -1, -1, 1, -1], 3),
+    ],
+    ids=["official-AB-parse", "accept-correct-incorrect"],
+)
+def test_every_server_behaviour_ends_in_its_reward_in_order(server, switch, expected, failures):
+    items = [_miss(k) for k in ("A", "B", "CORRECT", "INCORRECT", "GARBAGE", "ERROR500", "HANG")]
+    items += [JudgeItem("Q", r"\boxed{42}" + E, "42"), JudgeItem("Q", r"\boxed{42}", "42")]
+    with _router([server.host], accept_correct_incorrect=switch) as r:
+        t0 = time.monotonic()
+        out = r.judge(items)
+        elapsed = time.monotonic() - t0
+    assert out.rewards == [float(x) for x in expected]
+    assert out.counters == {
+        "rule_confirmed": 1, "verifier_calls": 7, "verifier_failures": failures,
+        "rule_timeouts": 0, "no_stop_word": 1,
+    }
+    # the hung request: 2 attempts x 1 s read timeout + 0.05 s back-off, plus worker start-up
+    assert elapsed < 2 * 1.0 + 0.05 + 4.0
+
+
+def test_request_carries_official_settings_and_whole_text(server):
+    with _router([server.host]) as r:
+        r.judge([JudgeItem("What is 6*7?", r"<think>hmm</think>I get \boxed{7}." + E, "REPLY=A")])
+    (body,) = server.bodies
+    assert body["model"] == "judge-model"
+    assert (body["temperature"], body["top_p"], body["top_k"]) == (0.0, 0.8, 20)
+    assert (body["repetition_penalty"], body["max_tokens"]) == (1.05, 100)
+    assert body["stop"] == ["<|im_end|>", "<|endoftext|>"]
+    prompt = body["messages"][0]["content"]
+    # the text after the last thinking word, stop word removed, not the extracted answer
+    assert "What is 6*7?" in prompt and "REPLY=A" in prompt and r"I get \boxed{7}." in prompt
+    assert "<think>" not in prompt and E not in prompt
+
+
+def test_verify_prompt_from_config_is_used(server):
+    with _router([server.host], verify_prompt="Q:{question} G:{gold_answer} R:{answer} {{x}}") as r:
+        r.judge([_miss("A")])
+    assert server.bodies[0]["messages"][0]["content"] == r"Q:Q-A G:REPLY=A R:work... \boxed{7} {x}"
+
+
+def test_refused_connection_is_a_counted_failure(refused_host):
+    with _router([refused_host]) as r:
+        out = r.judge([_miss("A"), JudgeItem("Q", r"\boxed{3}" + E, "3"), _miss("B")])
+    assert out.rewards == [-1.0, 1.0, -1.0]
+    assert (out.counters["verifier_calls"], out.counters["verifier_failures"]) == (2, 2)
+
+
+def test_unreachable_host_does_not_break_start_and_rule_only_never_calls(refused_host, server):
+    with _router([refused_host, server.host], rule_only=True) as r:
+        out = r.judge([_miss("A"), JudgeItem("Q", r"\boxed{3}" + E, "3")])
+    assert out.rewards == [-1.0, 1.0]
+    assert out.counters["verifier_calls"] == 0 and server.bodies == []
+
+
+def test_hosts_are_used_round_robin(server, second_server):
+    with _router([server.host, second_server.host], max_concurrency=1) as r:
+        out = r.judge([_miss("A") for _ in range(4)])
+    assert out.rewards == [1.0] * 4
+    assert (len(server.bodies), len(second_server.bodies)) == (2, 2)
+
+
+def test_power_tower_finishes_within_its_limit_in_both_modes():
+    limit = 2.0
+    config = {
+        name: {"rule_only": True, "num_processes": 2, "rule_timeout_s": limit, "rule_mode": mode}
+        for name, mode in (("official_judger", "official"), ("strict_judger", "strict"))
+    }
+    mapping = {"math": ["official_judger"], "math_strict": ["strict_judger"]}
+    tower = r"\boxed{10^{10^{10}}}" + E
+    items = [
+        JudgeItem("Q", tower, "5", "math"),
+        JudgeItem("Q", tower, "5", "math_strict"),
+        JudgeItem("Q", r"\boxed{5}" + E, "5", "math"),
+        JudgeItem("Q", r"\boxed{5}" + E, "5", "math_strict"),
+    ]
+    with Router(config, mapping) as r:
+        r.judge(items[2:])  # start the workers outside the timed part
+        t0 = time.monotonic()
+        out = r.judge(items)
+        elapsed = time.monotonic() - t0
+    assert out.rewards == [-1.0, -1.0, 1.0, 1.0]
+    assert out.counters["rule_timeouts"] == 2
+    assert elapsed < limit + 2.0  # the two towers run side by side, then the fast pair
+
+
+def test_unknown_data_source_names_it():
+    with Router({"math_judger": {"rule_only": True}}, MAPPING) as r:
+        with pytest.raises(ValueError, match="'geometry'"):
+            r.judge([JudgeItem("Q", r"\boxed{1}" + E, "1", "geometry")])
+
+
+def test_mapping_to_unconfigured_judger_is_rejected():
+    with pytest.raises(ValueError, match="data_judger_mapping.math"):
+        Router({"math_judger": {"rule_only": True}}, {"math": ["other_judger"]})
