@@ -32,3 +32,8 @@ def make_hf_model(name: str, seed: int = 0) -> torch.nn.Module:
 @pytest.fixture(params=sorted(HF_CONFIGS))
 def hf_model(request) -> torch.nn.Module:
     return make_hf_model(request.param)
+
+
+@pytest.fixture
+def make_hf():
+    return make_hf_model

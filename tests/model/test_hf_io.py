@@ -106,9 +106,23 @@ def test_gguf_demo_logits_match_transformers_gguf_load(demo_pair):
     assert (logits_of(ours, IDS) - theirs(IDS[None]).logits[0]).abs().max() <= 1e-4
 
 
-def test_demo_tokenizer_loads_from_package_ref():
-    tok = load_tokenizer(DEMO)
-    assert tok.convert_tokens_to_ids("<|im_end|>") == 2
+@pytest.fixture(scope="module")
+def demo_tokenizer():
+    return load_tokenizer(DEMO)
+
+
+def test_demo_tokenizer_loads_from_package_ref(demo_tokenizer):
+    assert demo_tokenizer.convert_tokens_to_ids("<|im_end|>") == 2
+
+
+def test_saved_checkpoint_carries_the_tokenizer(demo_tokenizer, make_hf, tmp_path):
+    hf = make_hf("qwen2_tied")
+    ours = decoder_from_hf(hf.config, hf.state_dict(), dtype=torch.float32, device="cpu")
+    save_hf_checkpoint(ours, demo_tokenizer, str(tmp_path), dtype=torch.bfloat16)
+    back = load_tokenizer(str(tmp_path))
+    text = "<|im_start|>user\n1+1?<|im_end|>"
+    assert back.encode(text) == demo_tokenizer.encode(text)
+    assert load_decoder(str(tmp_path), dtype=torch.float32, device="cpu").embed.weight.dtype == torch.float32
 
 
 @pytest.mark.parametrize(
