@@ -128,42 +128,52 @@ class RulePool:
         with self._lock:
             while len(self._workers) < min(self.num_workers, len(tasks)):
                 self._workers.append(_Worker(self._ctx))
-            pending = collections.deque(enumerate(tasks))
-            idle = [w for w in self._workers if w.ready]
             busy: dict[multiprocessing.connection.Connection, tuple[_Worker, int, float]] = {}
-            while pending or busy:
-                while pending and idle:
-                    w = idle.pop()
-                    i, task = pending[0]
-                    try:
-                        w.conn.send(tuple(task[:3]))
-                    except OSError:  # died while idle: replace it, keep the task
-                        self._replace(w)
-                        continue
-                    pending.popleft()
-                    busy[w.conn] = (w, i, time.monotonic() + task.timeout_s)
-                starting = {w.conn: w for w in self._workers if not w.ready}
-                wait_s = min((d for _, _, d in busy.values()), default=time.monotonic() + 1.0)
-                wait_s = max(0.0, wait_s - time.monotonic())
-                for conn in multiprocessing.connection.wait([*busy, *starting], timeout=wait_s):
-                    if conn in starting:
-                        idle.append(self._greet(starting[conn]))
-                        continue
-                    w, i, _ = busy.pop(conn)
-                    try:
-                        ok = conn.recv()
-                    except (EOFError, OSError):
-                        self._replace(w)
-                        yield i, RuleVerdict.TIMED_OUT
-                        continue
-                    idle.append(w)
-                    yield i, RuleVerdict.CONFIRMED if ok else RuleVerdict.NOT_CONFIRMED
-                now = time.monotonic()
-                for conn, (w, i, deadline) in list(busy.items()):
-                    if now >= deadline:
-                        del busy[conn]
-                        self._replace(w)
-                        yield i, RuleVerdict.TIMED_OUT
+            try:
+                yield from self._dispatch(tasks, busy)
+            finally:
+                # A caller that stopped early leaves answers in flight; a worker's next reply
+                # must belong to its next task, so those workers go.
+                for w, _, _ in busy.values():
+                    self._replace(w)
+
+    def _dispatch(self, tasks: list[RuleTask], busy: dict) -> Iterator[tuple[int, RuleVerdict]]:
+        """Feed idle workers, collect answers, kill the late; `busy` maps conn -> (worker, index, deadline)."""
+        pending = collections.deque(enumerate(tasks))
+        idle = [w for w in self._workers if w.ready]
+        while pending or busy:
+            while pending and idle:
+                w = idle.pop()
+                i, task = pending[0]
+                try:
+                    w.conn.send(tuple(task[:3]))
+                except OSError:  # died while idle: replace it, keep the task
+                    self._replace(w)
+                    continue
+                pending.popleft()
+                busy[w.conn] = (w, i, time.monotonic() + task.timeout_s)
+            starting = {w.conn: w for w in self._workers if not w.ready}
+            wait_s = min((d for _, _, d in busy.values()), default=time.monotonic() + 1.0)
+            wait_s = max(0.0, wait_s - time.monotonic())
+            for conn in multiprocessing.connection.wait([*busy, *starting], timeout=wait_s):
+                if conn in starting:
+                    idle.append(self._greet(starting[conn]))
+                    continue
+                w, i, _ = busy.pop(conn)
+                try:
+                    ok = conn.recv()
+                except (EOFError, OSError):
+                    self._replace(w)
+                    yield i, RuleVerdict.TIMED_OUT
+                    continue
+                idle.append(w)
+                yield i, RuleVerdict.CONFIRMED if ok else RuleVerdict.NOT_CONFIRMED
+            now = time.monotonic()
+            for conn, (w, i, deadline) in list(busy.items()):
+                if now >= deadline:
+                    del busy[conn]
+                    self._replace(w)
+                    yield i, RuleVerdict.TIMED_OUT
 
     def _greet(self, w: _Worker) -> _Worker:
         """Read a starting worker's ready message."""

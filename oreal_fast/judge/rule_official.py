@@ -276,6 +276,6 @@ def math_equal(pred: str, gold: str) -> bool:
 def check(text: str, gold: str) -> bool:
     """True iff the official rule checker confirms `text` (post-processed) against `gold`."""
     try:
-        return math_equal(extract_answer(text), gold)
+        return math_equal(extract_answer(text), str(gold))
     except Exception:  # RecursionError and friends: the official's caller counted them as no
         return False

@@ -20,6 +20,7 @@ than about attempts x (connect + read timeout) + the back-off delays.
 
 import http.client
 import json
+import logging
 import re
 import threading
 import time
@@ -35,6 +36,8 @@ SAMPLING = {
     "max_tokens": 100,
     "stop": ["<|im_end|>", "<|endoftext|>"],
 }
+
+log = logging.getLogger(__name__)
 
 _INCORRECT = re.compile(r"\bINCORRECT\b", re.IGNORECASE)
 _CORRECT = re.compile(r"\bCORRECT\b", re.IGNORECASE)
@@ -80,13 +83,15 @@ class VerifierClient:
         """
         s = self.settings
         prompt = s.verify_prompt.format(question=question, gold_answer=gold_answer, answer=text)
+        error: Exception | None = None
         for attempt in range(s.max_retries):
             if attempt:
                 time.sleep(s.retry_delay_s * 2 ** (attempt - 1))
             try:
                 return self._attempt(self._pick(), prompt)
-            except VerifierError:
-                continue
+            except Exception as e:  # VerifierError, or anything odd in a reply: no grade
+                error = e
+        log.warning("judger %s: no grade after %d attempt(s): %s", s.name, s.max_retries, error)
         return None
 
     def _pick(self) -> tuple[str, int]:

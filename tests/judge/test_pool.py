@@ -1,0 +1,46 @@
+"""Rule-check worker pool: one verdict per task, dead or stuck workers replaced."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from oreal_fast.judge.pool import RulePool, RuleTask, RuleVerdict
+
+YES = RuleTask("official", r"\boxed{\frac{1}{2}}", "0.5", 10.0)
+NO = RuleTask("strict", r"\boxed{4200}", "42", 10.0)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    p = RulePool(2)
+    yield p
+    p.close()
+
+
+def test_every_task_gets_its_verdict(pool):
+    got = dict(pool.run([YES, NO, YES, NO, YES]))
+    assert got == {0: RuleVerdict.CONFIRMED, 1: RuleVerdict.NOT_CONFIRMED, 2: RuleVerdict.CONFIRMED,
+                   3: RuleVerdict.NOT_CONFIRMED, 4: RuleVerdict.CONFIRMED}
+
+
+def test_worker_killed_while_idle_is_replaced(pool):
+    list(pool.run([YES, YES]))
+    for w in pool._workers:
+        os.kill(w.proc.pid, signal.SIGKILL)
+        w.proc.join()
+    assert dict(pool.run([NO, YES])) == {0: RuleVerdict.NOT_CONFIRMED, 1: RuleVerdict.CONFIRMED}
+
+
+def test_caller_stopping_early_does_not_shift_later_answers(pool):
+    slow = RuleTask("strict", r"\boxed{10^{10^{10}}}", "5", 10.0)
+    first = next(iter(pool.run([YES, slow])))  # the generator is dropped with `slow` in flight
+    assert first == (0, RuleVerdict.CONFIRMED)
+    t0 = time.monotonic()
+    assert dict(pool.run([NO, YES])) == {0: RuleVerdict.NOT_CONFIRMED, 1: RuleVerdict.CONFIRMED}
+    assert time.monotonic() - t0 < 5.0  # the stuck worker was replaced, not waited for
+
+
+def test_empty_batch():
+    assert list(RulePool(2).run([])) == []
