@@ -138,7 +138,11 @@ class RulePool:
                     self._replace(w)
 
     def _dispatch(self, tasks: list[RuleTask], busy: dict) -> Iterator[tuple[int, RuleVerdict]]:
-        """Feed idle workers, collect answers, kill the late; `busy` maps conn -> (worker, index, deadline)."""
+        """Feed idle workers, collect answers, kill the late.
+
+        `busy` maps a worker's connection to (worker, task index, deadline); the caller
+        keeps it so that it can clean up after an early stop.
+        """
         pending = collections.deque(enumerate(tasks))
         idle = [w for w in self._workers if w.ready]
         while pending or busy:

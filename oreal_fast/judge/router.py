@@ -71,10 +71,13 @@ class Router:
             (the official trainer also used only the first judger's reward).
 
     Raises:
-        ValueError: a bad judger entry, or a mapping naming a judger that is not configured.
+        ValueError: no judger, a bad judger entry, or a mapping naming a judger that is not
+            configured.
     """
 
     def __init__(self, judgers_config: dict, data_judger_mapping: dict) -> None:
+        if not judgers_config:
+            raise ValueError("judgers_config: no judger configured (e.g. math_judger=dict(rule_only=True))")
         self._judgers = {n: parse_judger_settings(n, raw) for n, raw in judgers_config.items()}
         self._route: dict[str, str] = {}
         for source, names in data_judger_mapping.items():

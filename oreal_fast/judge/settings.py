@@ -56,7 +56,8 @@ class MathJudgerSettings:
     stop_word: str = "<|im_end|>"  # a response must end with it (after strip) to be judged
     thinking_finish_words: tuple[str, ...] = ("<conclude>", "**Final Answer**", "</think>")
     num_processes: int = 8  # rule-check worker processes (capped at the CPU count)
-    concurrency_per_proc: tuple[int, int] = (8, 8)  # official thread counts; sets the default of max_concurrency
+    # Official per-process thread counts; here only the default of max_concurrency.
+    concurrency_per_proc: tuple[int, int] = (8, 8)
     rule_mode: str = "official"  # "official": reference 10.4 verdicts; "strict": correct checker
     rule_only: bool = False  # never call a server: a rule miss is -1
     rule_timeout_s: float = 10.0  # per-sample rule-check time limit; over it = failed check

@@ -127,3 +127,14 @@ def test_unknown_data_source_names_it():
 def test_mapping_to_unconfigured_judger_is_rejected():
     with pytest.raises(ValueError, match="data_judger_mapping.math"):
         Router({"math_judger": {"rule_only": True}}, {"math": ["other_judger"]})
+
+
+def test_empty_judgers_config_is_rejected():
+    with pytest.raises(ValueError, match="judgers_config: no judger"):
+        Router({}, MAPPING)
+
+
+def test_empty_batch():
+    with Router({"math_judger": {"rule_only": True}}, MAPPING) as r:
+        out = r.judge([])
+    assert out.rewards == [] and set(out.counters.values()) == {0}
