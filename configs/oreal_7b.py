@@ -1,6 +1,7 @@
 """The official OREAL-7B run (reference 2.1): OREAL-7B-SFT with tensor parallel 4, on 32 GPUs.
 
-Everything not set here comes from a100_40g.py, whose values are the official ones; this file adds
+Everything not set here comes from a100_40g.py, whose values are the official ones (the verifier
+hosts too: set judgers_config here to list the run's own servers); this file adds
 the 7B models and the official multi-GPU layout. The chat template and stop word are the OREAL
 SFT ones that a100_40g.py already holds. With tp 4 on 32 GPUs, dp = 8 replicas each generate
 1024 / 8 = 128 samples per step.
@@ -15,12 +16,3 @@ reference = actor
 token_level_rm = actor
 tp_size = 4  # ref 2.1 (the 32B run uses 8)
 
-judgers_config = dict(
-    math_judger=dict(
-        hosts=["127.0.0.1:10003"],  # the official run lists its verifier servers here
-        stop_word=stop_word,  # noqa: F405
-        thinking_finish_words=["<conclude>", "**Final Answer**", "</think>"],
-        num_processes=8,
-        concurrency_per_proc=(8, 8),
-    )
-)
