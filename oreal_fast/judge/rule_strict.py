@@ -5,8 +5,8 @@ with math-verify (last ``\\boxed{}``, "final answer is", else the last LaTeX/exp
 compares it to the gold answer by value: no percentage leniency (4200 is not 42), exact
 big-integer comparison (2^{2020} is not 2^{2019}), units, degrees, ``%``, ``\\$`` and
 ``\\text{}`` wrappers ignored on both sides, matrices, intervals, sets and tuples compared as
-objects. Gold answers are wrapped in ``$...$`` so that math-verify reads them as LaTeX; gold
-strings math-verify cannot read at all fall back to a normalised string comparison.
+objects. Gold answers are wrapped in ``$...$`` so that math-verify reads them as LaTeX; word
+answers (names, days) also match as case-insensitive text of the last ``\\boxed{}``.
 
 What it does not: it has no time limit of its own (math-verify's signal-based limits are
 switched off because they only work in a main thread); callers run it in a worker process
@@ -25,6 +25,8 @@ _GOLD_CONFIG = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionCon
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 _TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}")
+# Word answers only: a text comparison of formulas would accept \frac{12}{3} for \frac{1}{23}.
+_WORDS = re.compile(r"[A-Za-z][A-Za-z' -]*")
 
 
 def _gold_latex(gold: str) -> str:
@@ -33,10 +35,10 @@ def _gold_latex(gold: str) -> str:
     return f"${g}$"
 
 
-def _plain(s: str) -> str:
-    """Loose text form for answers that are words: wrappers, spaces, case, dots dropped."""
-    s = _TEXT_WRAPPER.sub(r"\1", s)
-    return re.sub(r"[\s$.{}]|\\[,;!]", "", s).lower()
+def _word(s: str) -> str | None:
+    """Lower-case text of a word answer ("\\text{Monday}." -> "monday"); None if not words."""
+    s = _TEXT_WRAPPER.sub(r"\1", s).replace("$", "").strip().rstrip(".").strip()
+    return s.lower() if _WORDS.fullmatch(s) else None
 
 
 def _last_boxed(text: str) -> str | None:
@@ -80,6 +82,6 @@ def check(text: str, gold: str) -> bool:
             if any(_equal(x, y) for x, y in pairs):
                 return True
         boxed = _last_boxed(text)
-        return boxed is not None and _plain(boxed) != "" and _plain(boxed) == _plain(gold)
+        return boxed is not None and _word(gold) is not None and _word(boxed) == _word(gold)
     except Exception:  # a parser bug on odd input is a failed check, not a crashed step
         return False
