@@ -1,7 +1,7 @@
 """A scripted OpenAI-compatible server on 127.0.0.1 for the verifier tests.
 
 The reply to a chat request is chosen by a marker in the rendered prompt ("REPLY=<kind>",
-placed in the gold answer), so one batch can mix every server behaviour.
+placed in the gold answer or the question), so one batch can mix every server behaviour.
 """
 
 import http.server
@@ -9,6 +9,7 @@ import json
 import re
 import socket
 import threading
+import time
 
 import pytest
 
@@ -46,6 +47,9 @@ class ScriptedServer:
                 if kind == "HANG":
                     owner.release.wait(60)
                     return
+                if kind == "SLOW":
+                    time.sleep(0.6)
+                    kind = "A"
                 if kind == "ERROR500":
                     self._send(500, {"error": "internal"})
                     return

@@ -138,3 +138,20 @@ def test_empty_batch():
     with Router({"math_judger": {"rule_only": True}}, MAPPING) as r:
         out = r.judge([])
     assert out.rewards == [] and set(out.counters.values()) == {0}
+
+
+def test_verifier_calls_run_concurrently(server):
+    with _router([server.host], max_concurrency=8) as r:
+        r.judge([JudgeItem("Q", r"\boxed{1}" + E, "1")])  # start the workers outside the timed part
+        t0 = time.monotonic()
+        out = r.judge([_miss("SLOW") for _ in range(8)])
+        elapsed = time.monotonic() - t0
+    assert out.rewards == [1.0] * 8
+    assert elapsed < 8 * 0.6 / 2  # one after another would take 4.8 s
+
+
+def test_timed_out_rule_check_goes_to_the_verifier(server):
+    with _router([server.host], rule_timeout_s=1.0, rule_mode="strict") as r:
+        out = r.judge([JudgeItem("Q REPLY=A", r"\boxed{10^{10^{10}}}" + E, "5")])
+    assert out.rewards == [1.0]
+    assert (out.counters["rule_timeouts"], out.counters["verifier_calls"]) == (1, 1)
