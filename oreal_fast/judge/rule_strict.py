@@ -1,8 +1,9 @@
 """A correct rule checker: math-verify's parser and comparison plus our gold normalisation.
 
 What it does: `check(text, gold)` extracts the final answer from a post-processed response
-with math-verify (last ``\\boxed{}``, "final answer is", else the last LaTeX/expression) and
-compares it to the gold answer by value: no percentage leniency (4200 is not 42), exact
+with math-verify (the ``\\boxed{}`` contents, several of them forming one answer, else "final
+answer is", else the last LaTeX/expression) and compares it to the gold answer by value:
+no percentage leniency (4200 is not 42), exact
 big-integer comparison (2^{2020} is not 2^{2019}), units, degrees, ``%``, ``\\$`` and
 ``\\text{}`` wrappers ignored on both sides, matrices, intervals, sets and tuples compared as
 objects. Gold answers are wrapped in ``$...$`` so that math-verify reads them as LaTeX; word
@@ -71,6 +72,7 @@ def check(text: str, gold: str) -> bool:
     """True iff the final answer of `text` equals `gold` by value."""
     try:
         text = text.replace("\\fbox{", "\\boxed{")
+        gold = str(gold)
         g = parse(_gold_latex(gold), _GOLD_CONFIG, parsing_timeout=None)
         p = parse(text, parsing_timeout=None)
         if g and p and verify(g, p, timeout_seconds=None):
