@@ -2,12 +2,12 @@
 
 What it does: `check(text, gold)` extracts the final answer from a post-processed response
 with math-verify (the ``\\boxed{}`` contents, several of them forming one answer, else "final
-answer is", else the last LaTeX/expression) and compares it to the gold answer by value:
-no percentage leniency (4200 is not 42), exact
-big-integer comparison (2^{2020} is not 2^{2019}), units, degrees, ``%``, ``\\$`` and
-``\\text{}`` wrappers ignored on both sides, matrices, intervals, sets and tuples compared as
-objects. Gold answers are wrapped in ``$...$`` so that math-verify reads them as LaTeX; word
-answers (names, days) also match as case-insensitive text of the last ``\\boxed{}``.
+answer is", else the last LaTeX/expression) and compares it to the gold answer by value: no
+percentage leniency (4200 is not 42), exact big-integer comparison (2^{2020} is not 2^{2019}),
+units, degrees, ``%``, ``\\$`` and ``\\text{}`` wrappers ignored on both sides, matrices,
+intervals, sets and tuples compared as objects. Gold answers are wrapped in ``$...$`` so that
+math-verify reads them as LaTeX; word answers (names, days) also match as case-insensitive
+text of the last ``\\boxed{}``.
 
 What it does not: it has no time limit of its own (math-verify's signal-based limits are
 switched off because they only work in a main thread); callers run it in a worker process
