@@ -18,11 +18,10 @@ from triton.testing import do_bench
 ll = importlib.import_module("oreal_fast.kernels.linear_logprob")
 B = ll._Blocks
 
-FWD = [B(128, 128, 64, 8, 3), B(128, 256, 64, 8, 3), B(64, 256, 64, 4, 3), B(128, 128, 128, 8, 2),
-       B(64, 128, 64, 4, 4)]
-DZ = [B(128, 128, 64, 8, 3), B(128, 256, 64, 8, 3), B(256, 128, 64, 8, 3), B(64, 256, 64, 4, 4),
-      B(128, 128, 64, 4, 4)]
-PROGRAMS_PER_SM = [1, 2]
+FWD = [B(128, 256, 64, 8, 3), B(128, 256, 64, 8, 4), B(256, 128, 64, 8, 3), B(128, 256, 128, 8, 2),
+       B(128, 128, 64, 8, 4)]
+DZ = [B(128, 256, 64, 8, 3), B(128, 256, 64, 8, 4), B(256, 128, 64, 8, 3), B(128, 128, 64, 8, 4)]
+MIN_SPLITS = [4, 8, 16]
 CHUNK_MIB = [128, 256, 512]
 
 
@@ -56,21 +55,29 @@ def main() -> None:
 
     mm = _time(lambda: h @ w.T)
     rows.append(dict(what="cublas h@w.T", ms=mm, tflops=flop / mm / 1e9))
+    dz = torch.randn(h.shape[0], 8192, device="cuda").bfloat16()
+    for name, fn in [("mm out_dtype fp32", lambda: torch.mm(dz, w[:8192], out_dtype=torch.float32)),
+                     ("mm bf16", lambda: dz @ w[:8192])]:
+        try:
+            ms = _time(fn)
+            rows.append(dict(what=name, ms=ms, tflops=2 * dz.numel() * h.shape[1] / ms / 1e9))
+        except (RuntimeError, TypeError) as e:
+            rows.append(dict(what=name, error=str(e)[:80]))
     for b in FWD:
         ll._FWD_BLOCKS_CUDA = b
-        for pps in PROGRAMS_PER_SM:
-            ll._PROGRAMS_PER_SM = pps
+        for ms_ in MIN_SPLITS:
+            ll._MIN_SPLITS = ms_
             for ent in (False, True):
                 try:
                     ms = _time(lambda: fwd(ent))
                 except triton.runtime.errors.OutOfResources as e:
                     rows.append(dict(what="fwd", blocks=str(b), error=str(e)[:80]))
                     break
-                rows.append(dict(what=f"fwd ent={ent} pps={pps}", blocks=str(b), ms=ms,
+                rows.append(dict(what=f"fwd ent={ent} splits>={ms_}", blocks=str(b), ms=ms,
                                  tflops=flop / ms / 1e9))
-    best_fwd = min((r for r in rows if r["what"] == "fwd ent=False pps=2" and "ms" in r),
+    best_fwd = min((r for r in rows if r["what"].startswith("fwd ent=False") and "ms" in r),
                    key=lambda r: r["ms"])
-    ll._PROGRAMS_PER_SM = 2
+    ll._MIN_SPLITS = 8
     ll._FWD_BLOCKS_CUDA = next(b for b in FWD if str(b) == best_fwd["blocks"])
     for b in DZ:
         ll._DZ_BLOCKS_CUDA = b

@@ -37,6 +37,7 @@ Rows with label -100 get logprob 0, entropy 0 and exactly zero gradient.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -50,13 +51,16 @@ _IGNORE = tl.constexpr(IGNORE_INDEX)
 # Upper bound on the backward's dz chunk ([T, Vc] in the input dtype). 128 MiB keeps the whole
 # backward (dW, dH fp32 accumulator, chunk) near 0.5 GiB at T = 16384, V = 151936.
 _DZ_CHUNK_BYTES = 128 * 2**20
-# Forward programs per multiprocessor (token blocks x vocabulary splits); two hide the softmax
-# epilogue of one behind the other's tensor-core work.
+# Forward grid: token blocks x vocabulary splits, at least `_MIN_SPLITS` splits (see the kernel's
+# program order) and about `_PROGRAMS_PER_SM` programs per multiprocessor for short batches.
+_MIN_SPLITS = 8
 _PROGRAMS_PER_SM = 2
 # Eager twin: rows per chunk so that one fp32/fp64 logits chunk holds about this many elements.
 _EAGER_CHUNK_ELEMS = 2**24
 # Stand-in for -inf in the online softmax: exp() of it is 0 and 0 * it is 0, never NaN.
 _NEG_BIG = tl.constexpr(-1.0e30)
+_LOG2E = tl.constexpr(1.4426950408889634)
+_LN2 = tl.constexpr(0.6931471805599453)
 
 
 @dataclass(frozen=True)
@@ -71,21 +75,23 @@ class _Blocks:
 
 
 # Picked on an H200 by benchmarks/sweep_linear_logprob.py; the interpreter gets small tiles.
-_FWD_BLOCKS_CUDA = _Blocks(t=128, v=128, k=64, num_warps=8, num_stages=3)
-_DZ_BLOCKS_CUDA = _Blocks(t=128, v=128, k=64, num_warps=8, num_stages=3)
+_FWD_BLOCKS_CUDA = _Blocks(t=128, v=256, k=64, num_warps=8, num_stages=3)
+_DZ_BLOCKS_CUDA = _Blocks(t=128, v=256, k=64, num_warps=8, num_stages=3)
 _BLOCKS_INTERPRET = _Blocks(t=16, v=32, k=16, num_warps=1, num_stages=1)
 
 
 @triton.jit
 def _lse_fwd_kernel(
     H_ptr, W_ptr, L_ptr, M_ptr, S_ptr, A_ptr, ZL_ptr,
-    T, V, K, stride_ht, stride_wv, inv_temp,
+    T, V, K, stride_ht, stride_wv, inv_temp, num_splits,
     HAS_ENT: tl.constexpr, DOT_PREC: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    pid_t = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    num_splits = tl.num_programs(1)
+    # Splits vary fastest: the programs running at once cover few token blocks (their hidden
+    # rows stay in L2) and every split (each W tile is shared by those token blocks).
+    pid = tl.program_id(0)
+    pid_s = pid % num_splits
+    pid_t = pid // num_splits
     # int64 row offsets: T * stride and V * stride overflow int32 at real shapes.
     rows = (pid_t * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
     row_ok = rows < T
@@ -110,14 +116,15 @@ def _lse_fwd_kernel(
             w = tl.load(W_ptr + cols[:, None] * stride_wv + (k0 + rk)[None, :],
                         mask=col_ok[:, None] & k_ok[None, :], other=0.0)
             acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PREC)
-        # Columns past this split's end must not count: a finite stand-in keeps 0 * z at 0.
-        z = tl.where(col_ok[None, :], acc * inv_temp, _NEG_BIG)
-        m_new = tl.maximum(m, tl.max(z, 1))
-        alpha = tl.exp(m - m_new)
-        e = tl.exp(z - m_new[:, None])
+        # Base-2 logits y = z * log2(e) so that exp is one ex2 instruction.
+        # Columns past this split's end must not count: a finite stand-in keeps 0 * y at 0.
+        y = tl.where(col_ok[None, :], acc * (inv_temp * _LOG2E), _NEG_BIG)
+        m_new = tl.maximum(m, tl.max(y, 1))
+        alpha = tl.exp2(m - m_new)
+        e = tl.exp2(y - m_new[:, None])
         if HAS_ENT:
-            # Re-base a from the old max to the new one: sum e'(z - m') = alpha (a + (m - m') s).
-            a = alpha * (a + (m - m_new) * s) + tl.sum(e * (z - m_new[:, None]), 1)
+            # Re-base a from the old max to the new one: sum e'(y - m') = alpha (a + (m - m') s).
+            a = alpha * (a + (m - m_new) * s) + tl.sum(e * (y - m_new[:, None]), 1)
         s = s * alpha + tl.sum(e, 1)
         m = m_new
 
@@ -148,11 +155,12 @@ def _dz_kernel(
     HAS_ENT: tl.constexpr, DOT_PREC: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    # Token blocks vary fastest, so programs running together share one W tile in L2.
-    num_tb = tl.cdiv(T, BLOCK_T)
+    # Vocabulary blocks vary fastest: the chunk's W rows stay in L2 and each token block is
+    # read from memory about once.
+    num_vb = tl.cdiv(v_hi - v_lo, BLOCK_V)
     pid = tl.program_id(0)
-    pid_t = pid % num_tb
-    pid_v = pid // num_tb
+    pid_v = pid % num_vb
+    pid_t = pid // num_vb
     rows = (pid_t * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
     cols = (v_lo + pid_v * BLOCK_V + tl.arange(0, BLOCK_V)).to(tl.int64)
     row_ok = rows < T
@@ -167,18 +175,19 @@ def _dz_kernel(
         w = tl.load(W_ptr + cols[:, None] * stride_wv + (k0 + rk)[None, :],
                     mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PREC)
-    z = acc * inv_temp
-
     lse = tl.load(LSE_ptr + rows, mask=row_ok, other=0.0)
+    # log2 p = z * log2(e) - lse * log2(e): p is one ex2 instruction.
+    log2p = acc * (inv_temp * _LOG2E) - lse[:, None] * _LOG2E
     # g_lp (and g_ent) are already zero on ignored rows, which makes the whole row of dz zero.
     g_lp = tl.load(GL_ptr + rows, mask=row_ok, other=0.0)
     lab = tl.load(L_ptr + rows, mask=row_ok, other=_IGNORE)
-    p = tl.exp(z - lse[:, None])
+    p = tl.exp2(log2p)
     c = tl.broadcast_to(g_lp[:, None], (BLOCK_T, BLOCK_V))
     if HAS_ENT:
         g_ent = tl.load(GE_ptr + rows, mask=row_ok, other=0.0)
         ent = tl.load(ENT_ptr + rows, mask=row_ok, other=0.0)
-        c = c + g_ent[:, None] * (z - lse[:, None] + ent[:, None])
+        # z - lse + entropy = ln p + entropy.
+        c = c + g_ent[:, None] * (log2p * _LN2 + ent[:, None])
     dz = tl.where(cols[None, :] == lab[:, None], g_lp[:, None], 0.0) - p * c
     # d z / d (h . w) = 1 / temperature.
     dz = dz * inv_temp
@@ -199,11 +208,11 @@ def _dot_precision(dtype: torch.dtype) -> str:
 
 
 def _num_splits(T: int, block_t: int, device: torch.device) -> int:
-    """Vocabulary splits so that about `_PROGRAMS_PER_SM` programs run per multiprocessor."""
+    """Vocabulary splits of the forward grid (two in the interpreter, to test the merge)."""
     if device.type != "cuda":
         return 2
     num_sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, round(_PROGRAMS_PER_SM * num_sms / triton.cdiv(T, block_t)))
+    return max(_MIN_SPLITS, round(_PROGRAMS_PER_SM * num_sms / triton.cdiv(T, block_t)))
 
 
 def _check_inputs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
@@ -251,22 +260,23 @@ def _forward(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
     S = _num_splits(T, b.t, hidden.device)
     m, s, a = (torch.empty((S, T), dtype=torch.float32, device=hidden.device) for _ in range(3))
     zl = torch.empty(T, dtype=torch.float32, device=hidden.device)
-    _lse_fwd_kernel[(triton.cdiv(T, b.t), S)](
+    _lse_fwd_kernel[(triton.cdiv(T, b.t) * S,)](
         hidden, weight, labels, m, s, a, zl,
-        T, V, K, hidden.stride(0), weight.stride(0), inv_temp,
+        T, V, K, hidden.stride(0), weight.stride(0), inv_temp, S,
         HAS_ENT=with_entropy, DOT_PREC=_dot_precision(hidden.dtype),
         BLOCK_T=b.t, BLOCK_V=b.v, BLOCK_K=b.k, num_warps=b.num_warps, num_stages=b.num_stages,
     )
+    # m and a are in base-2 units (log2 of the logits' exp), s is a plain sum.
     m_all = m.amax(0)  # [T]
-    scale = torch.exp(m - m_all)  # [S, T]
+    scale = torch.exp2(m - m_all)  # [S, T]
     s_all = (s * scale).sum(0)
-    lse = m_all + torch.log(s_all)
+    lse = (m_all + torch.log2(s_all)) * math.log(2)
     ignored = labels == IGNORE_INDEX
     logprobs = torch.where(ignored, 0.0, zl - lse)
     entropy = None
     if with_entropy:
         a_all = (scale * (a + (m - m_all) * s)).sum(0)
-        entropy = torch.where(ignored, 0.0, torch.log(s_all) - a_all / s_all)
+        entropy = torch.where(ignored, 0.0, torch.log(s_all) - a_all / s_all * math.log(2))
     return logprobs, lse, entropy
 
 
@@ -275,8 +285,10 @@ def _addmm_fp32_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     if a.dtype == torch.float32:
         acc.addmm_(a, b)
         return
+    # torch's mixed-dtype addmm wants `acc` in the inputs' dtype, so the product comes back in
+    # fp32 on its own and is added after.
     try:
-        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+        acc += torch.mm(a, b, out_dtype=torch.float32)
     except (RuntimeError, TypeError):
         # Builds without the mixed-dtype GEMM: each chunk's partial is rounded once to bf16.
         acc += (a @ b).float()
