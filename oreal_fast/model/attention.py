@@ -93,7 +93,9 @@ def resolve_backend_name(name: str, device: torch.device | str | None, dtype: to
     if name == "auto":
         return "varlen" if varlen_available(device, dtype) else "sdpa"
     if name == "varlen" and _varlen_fn() is None:
-        raise ValueError(f"attention backend 'varlen' needs torch.nn.attention.varlen (torch {torch.__version__} lacks it)")
+        raise ValueError(
+            f"attention backend 'varlen' needs torch.nn.attention.varlen (torch {torch.__version__} lacks it)"
+        )
     return name
 
 

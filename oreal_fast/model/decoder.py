@@ -58,7 +58,9 @@ class DecoderConfig:
             raise ValueError(f"DecoderConfig.head_dim {self.head_dim}: rope needs an even head_dim")
         rope_type = (self.rope_scaling or {}).get("rope_type", "default")
         if rope_type not in ROPE_TYPES:
-            raise ValueError(f"DecoderConfig.rope_scaling: rope_type {rope_type!r} not supported, use one of {ROPE_TYPES}")
+            raise ValueError(
+                f"DecoderConfig.rope_scaling: rope_type {rope_type!r} not supported, use one of {ROPE_TYPES}"
+            )
 
     def num_params(self, include_embeddings: bool = True) -> int:
         """Number of parameters (the tied head counted once)."""
@@ -256,7 +258,9 @@ class Decoder(nn.Module):
     def allocate_kv_cache(self, num_rows: int, max_length: int) -> KVCache:
         """A zeroed cache of `num_rows` sessions x `max_length` positions in the parameter dtype."""
         c, w = self.config, self.embed.weight
-        return KVCache.allocate(c.num_layers, num_rows, max_length, c.num_kv_heads, c.head_dim, dtype=w.dtype, device=w.device)
+        return KVCache.allocate(
+            c.num_layers, num_rows, max_length, c.num_kv_heads, c.head_dim, dtype=w.dtype, device=w.device
+        )
 
     def kv_bytes_per_token(self, dtype: torch.dtype | None = None) -> int:
         """Bytes of K and V cached per token over all layers (in `dtype`, default the params')."""

@@ -132,7 +132,9 @@ def hf_config_from(config: DecoderConfig, dtype: torch.dtype):
     return LlamaConfig(architectures=["LlamaForCausalLM"], attention_bias=config.qkv_bias, mlp_bias=False, **common)
 
 
-def _convert(state: dict[str, torch.Tensor], model: torch.nn.Module, table: dict, source: str) -> dict[str, torch.Tensor]:
+def _convert(
+    state: dict[str, torch.Tensor], model: torch.nn.Module, table: dict, source: str
+) -> dict[str, torch.Tensor]:
     """Rename `state` through `table` and check it fills exactly `model`'s parameters, shape by shape."""
     expected = {k: v.shape for k, v in model.state_dict().items()}
     out = {}
@@ -143,7 +145,9 @@ def _convert(state: dict[str, torch.Tensor], model: torch.nn.Module, table: dict
         if target is None or target not in expected:
             continue  # dropped by the map, or a head this model does not have
         if tuple(tensor.shape) != tuple(expected[target]):
-            raise ValueError(f"{source}: {key} has shape {tuple(tensor.shape)}, the config needs {tuple(expected[target])}")
+            raise ValueError(
+                f"{source}: {key} has shape {tuple(tensor.shape)}, the config needs {tuple(expected[target])}"
+            )
         out[target] = tensor
     missing = sorted(set(expected) - set(out))
     if missing:
@@ -188,7 +192,9 @@ def _hf_weights(location: str) -> dict[str, torch.Tensor]:
         try:
             folder = Path(snapshot_download(location, allow_patterns=["*.json", "*.safetensors"]))
         except Exception as e:  # network, auth or cache miss: all mean "cannot get this model"
-            raise ValueError(f"model ref {location!r}: not a local folder and not fetchable from the HF hub ({e})") from e
+            raise ValueError(
+                f"model ref {location!r}: not a local folder and not fetchable from the HF hub ({e})"
+            ) from e
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ValueError(f"model ref {location!r}: no *.safetensors files in {folder}")
@@ -248,11 +254,14 @@ def load_decoder(
     """
     hf_config, hf_state = _load_hf_state(ref)
     return decoder_from_hf(
-        hf_config, hf_state, dtype=dtype, device=device, attn_backend=attn_backend, with_lm_head=with_lm_head, source=ref
+        hf_config, hf_state, dtype=dtype, device=device, attn_backend=attn_backend,
+        with_lm_head=with_lm_head, source=ref,
     )
 
 
-def load_token_rm(ref: str, *, dtype: torch.dtype, device: torch.device | str, attn_backend: str = "auto") -> TokenRewardModel:
+def load_token_rm(
+    ref: str, *, dtype: torch.dtype, device: torch.device | str, attn_backend: str = "auto"
+) -> TokenRewardModel:
     """Backbone from `ref` (its LM head dropped) plus a zero-initialised score head (reference Q1)."""
     backbone = load_decoder(ref, dtype=dtype, device=device, attn_backend=attn_backend, with_lm_head=False)
     return TokenRewardModel(backbone)
@@ -283,7 +292,10 @@ def save_hf_checkpoint(model: Decoder, tokenizer, folder: str, *, dtype: torch.d
     if not model.has_lm_head:
         raise ValueError("save_hf_checkpoint: the model has no LM head (a reward-model backbone is not a causal LM)")
     os.makedirs(folder, exist_ok=True)
-    state = {_map_key(k, TO_HF)[1]: v.detach().to(device="cpu", dtype=dtype).contiguous() for k, v in model.state_dict().items()}
+    state = {
+        _map_key(k, TO_HF)[1]: v.detach().to(device="cpu", dtype=dtype).contiguous()
+        for k, v in model.state_dict().items()
+    }
     save_file(state, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
     hf_config_from(model.config, dtype).save_pretrained(folder)
     if tokenizer is not None:
@@ -305,7 +317,9 @@ def load_state(model: torch.nn.Module, path: str) -> None:
         raise ValueError(f"{path}: keys do not match the model (unexpected {extra[:3]}, missing {missing[:3]})")
     for key, tensor in state.items():
         if tensor.shape != expected[key].shape:
-            raise ValueError(f"{path}: {key} has shape {tuple(tensor.shape)}, the model has {tuple(expected[key].shape)}")
+            raise ValueError(
+                f"{path}: {key} has shape {tuple(tensor.shape)}, the model has {tuple(expected[key].shape)}"
+            )
     with torch.no_grad():
         for key, tensor in state.items():
             expected[key].copy_(tensor)

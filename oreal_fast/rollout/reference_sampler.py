@@ -35,7 +35,8 @@ class ReferenceSampler:
         for i, p in enumerate(prompts):
             if not 1 <= len(p) < params.max_length:
                 raise ValueError(
-                    f"prompt {i} has {len(p)} tokens: it must have at least 1 and fewer than max_length={params.max_length}"
+                    f"prompt {i} has {len(p)} tokens: it must have at least 1 "
+                    f"and fewer than max_length={params.max_length}"
                 )
         was_training = self.model.training
         self.model.eval()

@@ -2,7 +2,6 @@ import math
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from oreal_fast.model import Decoder, DecoderConfig, TokenRewardModel, decoder_from_hf
 from oreal_fast.model.attention import sdpa_attention
@@ -34,6 +33,25 @@ def test_packed_row_matches_transformers_per_sequence(hf_model):
         ref_logits = hf_model(seq[None]).logits[0]
         assert (hidden[a:b] - ref_hidden).abs().max() <= 1e-4
         assert (logits[a:b] - ref_logits).abs().max() <= 1e-4
+
+
+def test_gradients_match_transformers(hf_model):
+    ours = ours_from(hf_model)
+    seqs, ids, pos, cu = packed(LENS, hf_model.config.vocab_size)
+    w = torch.randn(sum(LENS), hf_model.config.vocab_size, generator=torch.Generator().manual_seed(3))
+    (ours(ids, pos, cu, max(LENS)) @ ours.lm_head_weight.T * w).sum().backward()
+    ref_logits = torch.cat([hf_model(s[None]).logits[0] for s in seqs])
+    (ref_logits * w).sum().backward()
+    theirs = dict(hf_model.named_parameters())
+    pairs = [
+        ("embed.weight", "model.embed_tokens.weight"),
+        ("blocks.1.attn.wk.weight", "model.layers.1.self_attn.k_proj.weight"),
+        ("blocks.0.mlp.w_gate.weight", "model.layers.0.mlp.gate_proj.weight"),
+        ("blocks.0.attn_norm", "model.layers.0.input_layernorm.weight"),
+    ]
+    mine = dict(ours.named_parameters())
+    for a, b in pairs:
+        assert (mine[a].grad - theirs[b].grad).abs().max() <= 1e-4 * max(1.0, theirs[b].grad.abs().max().item()), a
 
 
 @torch.no_grad()
