@@ -185,7 +185,7 @@ class TrainConfig:
     device: str = "auto"
     """auto (CUDA if available) | cpu | cuda."""
     resume: str | None = None
-    """None = fresh run; "auto" = latest checkpoint in work_dir; else a checkpoint folder."""
+    """None = fresh run; "auto" = the newest resumable run under work_dir; else a run folder or state file."""
     config_path: str = ""
     """The config file this was loaded from (set by the loader)."""
 
@@ -467,8 +467,8 @@ def _check_combinations(c: _Checker, cfg: TrainConfig) -> None:
     if cfg.checkpoint_every() < 1:
         c.fail("checkpoint_interval", f"{interval} x total_steps {cfg.total_steps} rounds down to 0 "
                f"steps; use a fraction >= {1 / cfg.total_steps:.4g}, an int >= 1 or -1")
-    if cfg.resume not in (None, "auto") and not os.path.isdir(cfg.resume):
-        c.fail("resume", f"checkpoint folder {cfg.resume!r} does not exist (use None, 'auto' or a folder)")
+    if cfg.resume not in (None, "auto") and not os.path.exists(cfg.resume):
+        c.fail("resume", f"{cfg.resume!r} does not exist (use None, 'auto', a run folder or a state file)")
     if cfg.device == "cuda":
         import torch
 
