@@ -4,7 +4,8 @@ Overrides are parsed as python-fire parses keyword arguments (``--total_steps 90
 ``--token_level_rm None`` is None, ``--datasets '[a.jsonl,b.jsonl]'`` a list), then type-checked
 with the rest of the config. A bad config prints one line to stderr and exits with code 2, before
 any model or data loads; so do the checks that can only run later (the stop word needs the
-tokenizer, the prompt files are read by the trainer) and bad prompt data. What this module does not do: anything of the run itself, which is
+tokenizer, the prompt files are read by the trainer) and bad prompt data.
+What this module does not do: anything of the run itself, which is
 ``oreal_fast.trainer.train``.
 """
 

@@ -51,7 +51,8 @@ def test_a100_config_has_the_official_hyper_parameters():
     cfg = load_config(os.path.join(CONFIGS, "a100_40g.py"))
     assert cfg.actor == "Qwen/Qwen2.5-0.5B-Instruct"
     assert (cfg.prompt_repeat_k, cfg.gen_global_batch, cfg.gen_max_new, cfg.gen_max_length) == (16, 1024, 14000, 16384)
-    assert (cfg.actor_lr, cfg.actor_min_lr, cfg.token_level_rm_lr, cfg.token_level_rm_lr_min) == (5e-7, 1e-7, 2e-6, 4e-7)
+    lrs = (cfg.actor_lr, cfg.actor_min_lr, cfg.token_level_rm_lr, cfg.token_level_rm_lr_min)
+    assert lrs == (5e-7, 1e-7, 2e-6, 4e-7)
     assert (cfg.warmup_steps, cfg.rm_warmup_steps, cfg.total_steps, cfg.actor_freeze_steps) == (10, 10, 90, 10)
     assert (cfg.kl_coef, cfg.kl_type, cfg.reward_shaping_type, cfg.pos_mult_adv) == (0.01, "unbias", "rloo", True)
     assert cfg.data_difficulty_balance_cfg == [((0.0, 0.2), 6), ((0.2, 0.4), 4), ((0.4, 0.6), 4), ((0.6, 0.8), 2)]
@@ -108,7 +109,9 @@ def test_variant_imports_a_sibling_by_name_and_nothing_leaks(tmp_path):
     assert sys.path == path_before
 
 
-@pytest.mark.parametrize("value, total, expected", [(-1, 90, 90), (0.5, 90, 45), (0.25, 90, 22), (10, 90, 10), (2.7, 90, 2)])
+@pytest.mark.parametrize(
+    "value, total, expected", [(-1, 90, 90), (0.5, 90, 45), (0.25, 90, 22), (10, 90, 10), (2.7, 90, 2)]
+)
 def test_checkpoint_every_resolves_reference_5_3(tmp_path, value, total, expected):
     cfg = load_config(_write(tmp_path, f"checkpoint_interval = {value}\ntotal_steps = {total}\n"))
     assert cfg.checkpoint_every() == expected
@@ -164,7 +167,8 @@ def test_bad_config_names_key_file_and_range(tmp_path, line, key, why):
 
 
 def test_missing_required_key(tmp_path):
-    path = _write(tmp_path, base=BASE.replace('actor = "some/model"\n', 'actor_lr = 1e-6\n').replace("actor\n", '"x"\n'))
+    base = BASE.replace('actor = "some/model"\n', 'actor_lr = 1e-6\n').replace("actor\n", '"x"\n')
+    path = _write(tmp_path, base=base)
     with pytest.raises(ConfigError, match="actor in .*: missing"):
         load_config(path)
 
@@ -209,7 +213,8 @@ def test_stop_word_must_be_one_token(tmp_path, word, ok):
 def test_cli_parses_overrides_like_fire_and_calls_the_trainer(tmp_path, monkeypatch):
     seen = []
     monkeypatch.setitem(sys.modules, "oreal_fast.trainer", types.SimpleNamespace(train=seen.append))
-    main([_write(tmp_path), "--total_steps", "3", "--work_dir", "out/x", "--token_level_rm", "None", "--actor_lr", "1e-6"])
+    main([_write(tmp_path), "--total_steps", "3", "--work_dir", "out/x",
+          "--token_level_rm", "None", "--actor_lr", "1e-6"])
     (cfg,) = seen
     assert (cfg.total_steps, cfg.work_dir, cfg.token_level_rm, cfg.actor_lr) == (3, "out/x", None, 1e-6)
 
@@ -234,7 +239,9 @@ def test_cli_turns_errors_raised_during_the_run_into_exit_2(tmp_path, monkeypatc
     from oreal_fast.data import DataError
 
     def train(cfg):
-        raise ConfigError("stop_word in cfg.py: x") if error == "config" else DataError("p.jsonl:3: field 'question' is missing")
+        if error == "config":
+            raise ConfigError("stop_word in cfg.py: x")
+        raise DataError("p.jsonl:3: field 'question' is missing")
 
     monkeypatch.setitem(sys.modules, "oreal_fast.trainer", types.SimpleNamespace(train=train))
     with pytest.raises(SystemExit) as e:
