@@ -1,7 +1,7 @@
 """Command line: ``python -m oreal_fast.train CONFIG [--key value ...]``.
 
 Overrides are parsed as python-fire parses keyword arguments (``--total_steps 90`` is an int,
-``--token_level_rm None`` is None, ``--datasets '[a.jsonl,b.jsonl]'`` a list), then type-checked
+``--token_level_rm None`` is None, ``--datasets '["a.jsonl","b.jsonl"]'`` a list), then type-checked
 with the rest of the config. A bad config prints one line to stderr and exits with code 2, before
 any model or data loads; so do the checks that can only run later (the stop word needs the
 tokenizer, the prompt files are read by the trainer) and bad prompt data.
