@@ -53,7 +53,7 @@ _IGNORE = tl.constexpr(IGNORE_INDEX)
 _DZ_CHUNK_BYTES = 128 * 2**20
 # Forward grid: token blocks x vocabulary splits, at least `_MIN_SPLITS` splits (see the kernel's
 # program order) and about `_PROGRAMS_PER_SM` programs per multiprocessor for short batches.
-_MIN_SPLITS = 8
+_MIN_SPLITS = 4
 _PROGRAMS_PER_SM = 2
 # Eager twin: rows per chunk so that one fp32/fp64 logits chunk holds about this many elements.
 _EAGER_CHUNK_ELEMS = 2**24
