@@ -15,6 +15,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" | tee "$OUT/env.txt"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv >> "$OUT/env.txt"
 timeout 110 python3 -m pytest tests/kernels -q -ra -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log"
+timeout 60 python3 benchmarks/parity_report.py 2>&1 | tee "$OUT/parity.log"
 if [ "${1:-}" = sweep ]; then
   timeout 150 python3 benchmarks/sweep_linear_logprob.py --out "$OUT/sweep.json" 2>&1 | tee "$OUT/sweep.log"
 fi
