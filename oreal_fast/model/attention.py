@@ -154,20 +154,22 @@ class CacheSlots:
         ck[self.token_rows, self.positions] = k
         cv[self.token_rows, self.positions] = v
         if max_seqlen == 1:  # decode: one token per session, one batched call
-            return self._attend_rows(q.unsqueeze(1), ck[self.rows], cv[self.rows], self.positions[:, None]).squeeze(1)
+            return self._attend_rows(q.unsqueeze(1), ck, cv, self.rows, self.positions[:, None]).squeeze(1)
         bounds = cu_seqlens.tolist()
         outs = []
         for i, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
             pos = self.positions[start:end]
-            row = self.rows[i : i + 1]
-            outs.append(self._attend_rows(q[None, start:end], ck[row], cv[row], pos[None]).squeeze(0))
+            outs.append(self._attend_rows(q[None, start:end], ck, cv, self.rows[i : i + 1], pos[None]).squeeze(0))
         return torch.cat(outs, dim=0)
 
     @staticmethod
-    def _attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor) -> torch.Tensor:
-        """q: [B, n, Hq, D]; k, v: [B, S, Hkv, D]; q_pos: [B, n] -> [B, n, Hq, D]."""
+    def _attend_rows(
+        q: torch.Tensor, ck: torch.Tensor, cv: torch.Tensor, rows: torch.Tensor, q_pos: torch.Tensor
+    ) -> torch.Tensor:
+        """q: [B, n, Hq, D]; ck, cv: [rows, S, Hkv, D]; rows: [B]; q_pos: [B, n] -> [B, n, Hq, D]."""
         num_keys = int(q_pos.max()) + 1
-        k, v = k[:, :num_keys], v[:, :num_keys]
+        # gather only the filled prefix of each row
+        k, v = ck[:, :num_keys][rows], cv[:, :num_keys][rows]  # (B, num_keys, Hkv, D)
         # query at position p sees keys 0..p of its own row
         mask = torch.arange(num_keys, device=q.device)[None, None, :] <= q_pos[:, :, None]  # (B, n, S)
         out = F.scaled_dot_product_attention(
