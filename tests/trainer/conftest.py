@@ -58,21 +58,44 @@ def prompt_file(tmp_path) -> str:
 
 @dataclass
 class ScriptedRollout:
-    """Answers every prompt with the next text of ``texts`` (cycled), encoded, stop token appended."""
+    """Answers each prompt with a text of ``texts`` drawn with the run's sampling generator (so a
+    resumed run draws what a straight run would), encoded, stop token appended.
+
+    ``fail_at_call``: raise on that call (0-based), to stand in for a crash mid-run.
+    """
 
     tokenizer: object
     texts: list[str]
     stop_token_id: int
+    fail_at_call: int | None = None
     calls: int = 0
 
     def generate(self, prompts, params, generator):
-        out = []
-        for i, _ in enumerate(prompts):
-            text = self.texts[(self.calls * len(prompts) + i) % len(self.texts)]
-            ids = self.tokenizer.encode(text, add_special_tokens=False)[: params.max_new_tokens - 1]
-            out.append(ids + [self.stop_token_id])
+        if self.calls == self.fail_at_call:
+            raise RuntimeError("scripted crash")
         self.calls += 1
+        picks = torch.randint(len(self.texts), (len(prompts),), generator=generator).tolist()
+        out = []
+        for i in picks:
+            ids = self.tokenizer.encode(self.texts[i], add_special_tokens=False)[: params.max_new_tokens - 1]
+            out.append(ids + [self.stop_token_id])
         return out
+
+
+class KeywordRouter:
+    """Reward +1 iff the response contains ``keyword``; stateless, like a real judger."""
+
+    def __init__(self, keyword: str = "yes"):
+        self.keyword = keyword
+
+    def judge(self, items):
+        from oreal_fast.judge import JudgeOutcome
+
+        rewards = [1.0 if self.keyword in it.response_text else -1.0 for it in items]
+        return JudgeOutcome(rewards=rewards, counters={"rule_confirmed": sum(r > 0 for r in rewards)})
+
+    def close(self):
+        pass
 
 
 class ScriptedRouter:
