@@ -43,7 +43,7 @@ from oreal_fast.algo import (
 )
 from oreal_fast.config import TrainConfig, validate_stop_word
 from oreal_fast.data.chat import render_prompt_ids
-from oreal_fast.data.prompts import PromptRecord, balance_by_difficulty, load_prompt_records
+from oreal_fast.data.prompts import DataError, PromptRecord, balance_by_difficulty, load_prompt_records
 from oreal_fast.data.sampler import PromptSampler, repeat_k
 from oreal_fast.judge import JudgeItem, Router
 from oreal_fast.metrics import MetricsWriter, dump_trajectories
@@ -157,9 +157,9 @@ class Trainer:
         records = load_prompt_records(self.cfg.datasets, max_prompts=self.cfg.max_prompts)
         self.records = balance_by_difficulty(records, self.cfg.data_difficulty_balance_cfg)
         if not self.records:
-            raise ValueError(
-                f"datasets {self.cfg.datasets!r}: no prompt is left after difficulty balancing "
-                f"({len(records)} records, buckets {self.cfg.data_difficulty_balance_cfg})"
+            raise DataError(
+                f"datasets {self.cfg.datasets!r}: no prompt to train on ({len(records)} records read, "
+                f"none left after difficulty balancing with {self.cfg.data_difficulty_balance_cfg})"
             )
         prompts_per_step = self.cfg.gen_global_batch // self.cfg.prompt_repeat_k
         self.sampler = PromptSampler(len(self.records), prompts_per_step, self.cfg.seed)
@@ -266,7 +266,7 @@ class Trainer:
         if key not in self._prompt_ids:
             ids = render_prompt_ids(self.tokenizer, self.cfg.chat_template, record.message_data)
             if len(ids) >= self.cfg.gen_max_length:
-                raise ValueError(
+                raise DataError(
                     f"a prompt has {len(ids)} tokens, not less than gen_max_length={self.cfg.gen_max_length}; "
                     f"raise gen_max_length or drop the prompt: {record.question[:80]!r}")
             self._prompt_ids[key] = ids
