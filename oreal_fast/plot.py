@@ -46,6 +46,7 @@ def plot_run(path: str, out: str | None = None) -> str:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     metrics_file = find_metrics_file(path)
     rows = read_metrics(metrics_file)
@@ -58,6 +59,7 @@ def plot_run(path: str, out: str | None = None) -> str:
             ax.plot(steps, [r[key] for r in rows], marker="o", markersize=3, label=key)
         ax.set_title(title)
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         if len(keys) > 1:
             ax.legend(fontsize=8)
