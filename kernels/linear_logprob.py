@@ -228,6 +228,10 @@ def _check_inputs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tens
                          "must have the same dtype")
     if not temperature > 0:
         raise ValueError(f"linear_logprob: temperature must be > 0, got {temperature}")
+    V = weight.shape[0]
+    ok = ((labels >= 0) & (labels < V)) | (labels == IGNORE_INDEX)
+    # An async device-side assert: a clear message, no host sync on GPU.
+    torch._assert_async(ok.all(), f"linear_logprob: labels must be in [0, {V}) or -100")
 
 
 def _check_triton(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> None:
@@ -241,10 +245,6 @@ def _check_triton(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tens
     if hidden.device.type == "cpu" and hidden.dtype != torch.float32:
         raise ValueError("linear_logprob(impl='triton') on CPU (TRITON_INTERPRET=1) needs fp32 "
                          f"inputs, got {hidden.dtype}; use impl='eager'")
-    V = weight.shape[0]
-    ok = ((labels >= 0) & (labels < V)) | (labels == IGNORE_INDEX)
-    # An async device-side assert: a clear message, no host sync.
-    torch._assert_async(ok.all(), f"linear_logprob: labels must be in [0, {V}) or -100")
 
 
 def _forward(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
@@ -392,7 +392,7 @@ def linear_logprob(
     _check_inputs(hidden, weight, labels, temperature)
     _check_triton(hidden, weight, labels)
     needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    if hidden.shape[0] == 0 or not needs_grad:
+    if not needs_grad:
         with torch.no_grad():
             logprobs, _, entropy = _forward(hidden, weight, labels, 1.0 / temperature,
                                             return_entropy)
@@ -437,15 +437,13 @@ def linear_logprob_eager(
     rows = max(1, _EAGER_CHUNK_ELEMS // max(weight.shape[0], 1))
     needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     parts = []
-    for t0 in range(0, hidden.shape[0], rows):
+    # An empty batch still runs one (empty) chunk, so its outputs stay in the autograd graph.
+    for t0 in range(0, max(hidden.shape[0], 1), rows):
         args = (hidden[t0:t0 + rows], weight, labels[t0:t0 + rows], temperature, return_entropy)
         if needs_grad:
             parts.append(torch.utils.checkpoint.checkpoint(_eager_chunk, *args, use_reentrant=False))
         else:
             parts.append(_eager_chunk(*args))
-    if not parts:
-        empty = hidden.new_zeros(0, dtype=torch.promote_types(hidden.dtype, torch.float32))
-        return (empty, empty) if return_entropy else empty
     logprobs = torch.cat([p[0] for p in parts])
     if not return_entropy:
         return logprobs

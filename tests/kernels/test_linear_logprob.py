@@ -199,6 +199,28 @@ def test_bad_arguments_name_the_fault(change, match):
         linear_logprob(args["hidden"], args["weight"], args["labels"], **kwargs)
 
 
+@pytest.mark.parametrize("impl", ["triton", "eager"])
+def test_label_out_of_range_names_the_labels(impl):
+    # CPU only: on a GPU the check is a device-side assert, which ends the CUDA context.
+    if impl == "triton" and not INTERPRET:
+        pytest.skip("the Triton path on CPU needs TRITON_INTERPRET=1")
+    hidden, weight, labels, *_ = _inputs(4, 16, 32, "cpu", ignore_frac=0.0)
+    labels[2] = 32
+    with pytest.raises(RuntimeError, match="labels must be in \\[0, 32\\) or -100"):
+        linear_logprob(hidden, weight, labels, impl=impl)
+
+
+@pytest.mark.parametrize("impl", ["triton", "eager"])
+def test_empty_batch_gives_empty_outputs_and_zero_grads(impl, device):
+    hidden, weight, labels, *_ = _inputs(0, 16, 32, device)
+    hidden.requires_grad_()
+    weight.requires_grad_()
+    lp, ent = linear_logprob(hidden, weight, labels, return_entropy=True, impl=impl)
+    (lp.sum() + ent.sum()).backward()
+    assert lp.shape == ent.shape == (0,)
+    assert weight.grad is not None and (weight.grad == 0).all()
+
+
 def _poison_cuda_allocator() -> None:
     """Fills the caching allocator's free blocks with NaN so unwritten outputs show up."""
     big = torch.full((2**31,), float("nan"), device="cuda")  # 8 GiB: the large-block pool
