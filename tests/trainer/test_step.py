@@ -42,22 +42,6 @@ def write_config(tmp_path, actor: str, reference: str, prompt_file: str, **extra
     return str(path)
 
 
-@pytest.fixture
-def perturbed_actor_dir(tiny_model_dir, tmp_path) -> str:
-    """The tiny model with every weight moved a little, so actor != reference and the KL is not 0."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    gen = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=gen))
-    folder = tmp_path / "actor"
-    model.save_pretrained(folder)
-    make_tokenizer().save_pretrained(folder)
-    return str(folder)
-
-
 def make_trainer(cfg, rewards=REWARDS) -> Trainer:
     tok = make_tokenizer()
     rollout = ScriptedRollout(tok, TEXTS, tok.convert_tokens_to_ids("<|im_end|>"))
