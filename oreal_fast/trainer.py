@@ -48,6 +48,7 @@ from oreal_fast.data.sampler import PromptSampler, repeat_k
 from oreal_fast.judge import JudgeItem, Router
 from oreal_fast.metrics import MetricsWriter, dump_trajectories
 from oreal_fast.model.hf_io import load_decoder, load_token_rm, load_tokenizer, save_hf_checkpoint
+from oreal_fast.recompute import apply_selective_recompute
 from oreal_fast.rl_step import MicroStepSums, Precision, RLModels, rl_micro_step
 from oreal_fast.rollout import ReferenceSampler, RolloutEngine, SamplingParams
 from oreal_fast.trajectories import Trajectory, make_micro_batches
@@ -174,6 +175,10 @@ class Trainer:
         token_rm = None
         if cfg.token_level_rm is not None:
             token_rm = load_token_rm(cfg.token_level_rm, dtype=torch.float32, device=device)
+        # the trained models keep activations for backward; the official run recomputes every block
+        apply_selective_recompute(actor, cfg.selective_recompute)
+        if token_rm is not None:
+            apply_selective_recompute(token_rm.backbone, cfg.selective_recompute)
         self.models = RLModels(actor, reference, token_rm)
 
     def _build_optimizers(self) -> None:

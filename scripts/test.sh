@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=1
-exec python3 -m pytest tests -q -ra "$@"
+# -P: the repo root stays off sys.path, so `kernels` is only ever importable as oreal_fast.kernels
+exec python3 -P -m pytest tests -q -ra "$@"
