@@ -123,8 +123,12 @@ def _mm_fp32(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
     """out = a @ b, out fp32, a and b fp32 or bf16/fp16 (fp32 accumulation)."""
     if a.dtype == torch.float32:
         torch.mm(a, b, out=out)
-    else:
+        return
+    try:
         torch.mm(a, b, out_dtype=torch.float32, out=out)
+    except RuntimeError:
+        # torch builds without the out= form of the mixed-dtype GEMM: one temporary chunk.
+        out.copy_(torch.mm(a, b, out_dtype=torch.float32))
 
 
 def _addmm_fp32_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
