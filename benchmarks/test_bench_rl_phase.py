@@ -1,0 +1,136 @@
+"""The whole OREAL RL phase of one micro-batch: reference forward, token-RM forward + backward, actor
+forward + backward with the OREAL loss, at Qwen2.5-0.5B shape (random init) and the official
+micro-batch of 2 sequences.
+
+Run: `pytest benchmarks/test_bench_rl_phase.py --benchmark-only` (CUDA only).
+Providers:
+  oreal_fast        our packed decoder, selective recompute on every block, fused LM-head kernels
+  oreal_fast_eager  the same with the kernels' eager twin (chunked full-vocabulary logits)
+  hf_plain          transformers Qwen2ForCausalLM x 3 the plain way: full [B, L, V] logits,
+                    gradient checkpointing, log_softmax + gather, the same OREAL math after that
+Cases: 2 sequences of L tokens (512 prompt + L - 512 response), L in {4096, 16384}; hf_plain runs
+L = 4096 only (its full logits at 2 x 16384 take ~90 GiB). extra_info: "tokens_per_s" (packed tokens
+over the median time) and "peak_gib" (peak allocated device memory during the call, the three
+models' weights and gradients included, optimiser states excluded).
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from oreal_fast.algo import global_normalisers, oreal_actor_loss, rm_bce_loss, sequence_means
+from oreal_fast.config import TrainConfig
+from oreal_fast.model.decoder import Decoder, DecoderConfig, TokenRewardModel
+from oreal_fast.recompute import apply_selective_recompute
+from oreal_fast.rl_step import Precision, RLModels, rl_micro_step
+from oreal_fast.trajectories import Trajectory, make_micro_batch
+
+QWEN25_05B = DecoderConfig(family="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                           num_layers=24, num_heads=14, num_kv_heads=2, head_dim=64, rms_norm_eps=1e-6,
+                           rope_theta=1000000.0, tie_embeddings=True, qkv_bias=True)
+PROMPT = 512
+DEVICE = "cuda"
+LENGTHS = {"L4096": 4096, "L16384": 16384}
+PROVIDERS = ("oreal_fast", "oreal_fast_eager", "hf_plain")
+CFG = TrainConfig(actor="random", datasets="none", threshold_rescale=True, pos_mult_adv=True)
+
+
+def _trajectories(length: int) -> list[Trajectory]:
+    gen = torch.Generator().manual_seed(0)
+    ids = lambda n: torch.randint(0, 151000, (n,), generator=gen).tolist()  # noqa: E731
+    prompt = ids(PROMPT)
+    return [Trajectory(prompt, ids(length - PROMPT), 1.0, 0.5), Trajectory(prompt, ids(length - PROMPT), -1.0, -0.5)]
+
+
+def _decoder(dtype: torch.dtype, with_lm_head: bool = True) -> Decoder:
+    model = Decoder(QWEN25_05B, with_lm_head=with_lm_head, device=DEVICE, dtype=dtype)
+    model.init_weights()
+    return model
+
+
+def _ours(length: int, impl: str):
+    actor, reference = _decoder(torch.float32), _decoder(torch.bfloat16).requires_grad_(False)
+    token_rm = TokenRewardModel(_decoder(torch.float32, with_lm_head=False))
+    apply_selective_recompute(actor, 1.0)
+    apply_selective_recompute(token_rm.backbone, 1.0)
+    models = RLModels(actor, reference, token_rm)
+    trajs = _trajectories(length)
+    batch = make_micro_batch(trajs).to(torch.device(DEVICE))
+    norm = global_normalisers(batch.action_lens, batch.rewards)
+    precision = Precision(torch.device(DEVICE), torch.bfloat16)
+
+    def step():
+        rl_micro_step(models, batch, norm, CFG, precision, update_actor=True, logprob_impl=impl)
+        actor.zero_grad(set_to_none=True)
+        token_rm.zero_grad(set_to_none=True)
+    return step
+
+
+def _hf_plain(length: int):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    c = QWEN25_05B
+    hf_config = Qwen2Config(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                            num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
+                            num_key_value_heads=c.num_kv_heads, rope_theta=c.rope_theta, tie_word_embeddings=True,
+                            attn_implementation="sdpa")
+    actor = Qwen2ForCausalLM(hf_config).to(DEVICE)
+    reference = Qwen2ForCausalLM(hf_config).to(DEVICE, torch.bfloat16).requires_grad_(False)
+    rm = Qwen2ForCausalLM(hf_config).model.to(DEVICE)
+    head = torch.nn.Linear(c.hidden_size, 1, bias=False, device=DEVICE)
+    for m in (actor, rm):
+        m.gradient_checkpointing_enable()
+        m.train()
+    trajs = _trajectories(length)
+    input_ids = torch.tensor([t.input_ids for t in trajs], device=DEVICE)  # (2, L): equal lengths, no padding
+    labels = torch.tensor([t.labels for t in trajs], device=DEVICE)
+    act = labels != -100
+    rewards = torch.tensor([1.0, -1.0], device=DEVICE)
+    lens = act.sum(1)
+    norm = global_normalisers(lens, rewards)
+    cu = torch.nn.functional.pad(lens.cumsum(0), (1, 0))
+
+    def logprobs(model, ids):
+        logp = model(ids).logits.float().log_softmax(-1)  # (2, L, V) fp32: the plain way
+        return logp.gather(-1, labels.clamp(min=0)[..., None])[..., 0][act]
+
+    def step():
+        with torch.autocast(DEVICE, dtype=torch.bfloat16):
+            with torch.no_grad():
+                ref_lp = logprobs(reference, input_ids)
+            scores = head(rm(input_ids).last_hidden_state).squeeze(-1)[act].float()
+            rm_bce_loss(sequence_means(scores, cu), rewards, norm.num_seqs).backward()
+            lp = logprobs(actor, input_ids)
+        seq = torch.repeat_interleave(torch.arange(2, device=DEVICE), lens)
+        terms = oreal_actor_loss(lp, ref_lp, torch.tensor([0.5, -0.5], device=DEVICE)[seq], rewards[seq] > 0,
+                                 None, None, norm, positive_loss_factor=1.0, negative_loss_factor=0.5,
+                                 kl_coef=0.01, kl_type="unbias", pos_mult_adv=True)
+        terms.loss.backward()
+        actor.zero_grad(set_to_none=True)
+        rm.zero_grad(set_to_none=True)
+    return step
+
+
+@pytest.mark.parametrize("length_id", list(LENGTHS))
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_rl_micro_batch(benchmark, provider, length_id):
+    length = LENGTHS[length_id]
+    if provider == "hf_plain" and length > 4096:
+        pytest.skip("hf_plain's full logits at 2 x 16384 need ~90 GiB; measured at L4096 only")
+    gc.collect()
+    torch.cuda.empty_cache()
+    step = _hf_plain(length) if provider == "hf_plain" else _ours(length, "triton" if provider == "oreal_fast" else "eager")
+    step()  # warm-up: kernels compiled, allocator primed
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+
+    def timed():
+        step()
+        torch.cuda.synchronize()
+
+    benchmark.pedantic(timed, rounds=3, iterations=1)
+    benchmark.extra_info["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    benchmark.extra_info["tokens_per_s"] = 2 * length / benchmark.stats.stats.median
