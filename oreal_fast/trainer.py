@@ -55,6 +55,10 @@ from oreal_fast.trajectories import Trajectory, make_micro_batches
 
 log = logging.getLogger("oreal_fast")
 
+# Share of the free GPU memory the reference sampler's KV cache may take; the rest stays for the
+# RL phase's activations, which the allocator reuses after generation.
+KV_CACHE_SHARE = 0.25
+
 
 def set_random_seed(seed: int) -> None:
     """Seeds Python ``random``, numpy and torch (CPU and CUDA), as the official trainer does."""
@@ -139,7 +143,7 @@ class Trainer:
         self.total_steps = min(cfg.total_steps, self.sampler.num_steps)  # official cap (3.4)
         self._load_models()
         self._build_optimizers()
-        self.rollout = rollout or ReferenceSampler(self.models.actor, max_batch_size=cfg.gen_global_batch)
+        self.rollout = rollout or ReferenceSampler(self.models.actor, max_batch_size=self._rollout_batch_size())
         # The Router draws its first verifier host from Python's global `random`, as the official
         # judger does, before any filter draw (Q15): build it after seeding, before the first step.
         self.router = router or Router(cfg.judgers_config, cfg.data_judger_mapping)
@@ -180,6 +184,16 @@ class Trainer:
         if token_rm is not None:
             apply_selective_recompute(token_rm.backbone, cfg.selective_recompute)
         self.models = RLModels(actor, reference, token_rm)
+
+    def _rollout_batch_size(self) -> int:
+        """Sessions per batch of the reference sampler: the whole step on CPU; on a GPU as many as
+        a quarter of the free memory holds at gen_max_length (its KV cache is one contiguous row per
+        session, sized for the longest one)."""
+        if self.device.type != "cuda":
+            return self.cfg.gen_global_batch
+        free, _ = torch.cuda.mem_get_info(self.device)
+        per_session = self.models.actor.kv_bytes_per_token() * self.cfg.gen_max_length
+        return max(1, min(self.cfg.gen_global_batch, int(KV_CACHE_SHARE * free) // per_session))
 
     def _build_optimizers(self) -> None:
         """AdamW with torch defaults and weight decay on every parameter; the official LR stepping (1.2, 4.13)."""
