@@ -3,7 +3,8 @@
 Run: `pytest benchmarks/ --benchmark-only` (CUDA only).
 Inputs are bf16 hidden [T, H] and head weight [V, H], int64 labels with 10 % ignored (-100), and
 the per-token loss inputs of a micro-batch (reference log-probs, advantages, signs, RM weights).
-Each case computes the loss (`oreal_actor_loss`'s terms) and back-propagates it to hidden and weight.
+Each case computes the loss (`oreal_actor_loss`'s terms) and back-propagates it to hidden and
+weight.
 Providers:
   oreal_fast                 fused_oreal_loss: three GEMM passes, the gradient formed in the forward
   oreal_fast_linear_logprob  linear_logprob, then oreal_actor_loss on the [T] log-probs

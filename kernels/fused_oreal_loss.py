@@ -232,14 +232,16 @@ class _FusedOrealLoss(torch.autograd.Function):
         return (*scaled, None, None, None, None, None, None)
 
 
-def _per_token_float(name: str, x: torch.Tensor | None, T: int, device: torch.device
-                     ) -> torch.Tensor | None:
+def _per_token(name: str, x: torch.Tensor | None, T: int, device: torch.device
+               ) -> torch.Tensor | None:
+    """x ([T], no grad) on the device, or None; a clear error naming x otherwise."""
     if x is None:
         return None
     if x.shape != (T,):
         raise ValueError(f"fused_oreal_loss: {name} must be [T] with T = {T}; got {tuple(x.shape)}")
     if x.requires_grad:
-        raise ValueError(f"fused_oreal_loss: {name} must not require grad (no gradient flows to it)")
+        raise ValueError(f"fused_oreal_loss: {name} must not require grad "
+                         "(no gradient flows to it)")
     return x.to(device)
 
 
@@ -295,11 +297,11 @@ def fused_oreal_loss(
     _check_inputs(hidden, weight, labels, 1.0)
     _check_triton(hidden, weight, labels)
     T, dev = hidden.shape[0], hidden.device
-    ref = _per_token_float("ref_logprobs", ref_logprobs, T, dev).float().contiguous()
-    adv = _per_token_float("advantages", advantages, T, dev)
-    pos = _per_token_float("is_positive", is_positive, T, dev)
-    w_pos = _per_token_float("w_pos", w_pos, T, dev)
-    w_neg = _per_token_float("w_neg", w_neg, T, dev)
+    ref = _per_token("ref_logprobs", ref_logprobs, T, dev).float().contiguous()
+    adv = _per_token("advantages", advantages, T, dev)
+    pos = _per_token("is_positive", is_positive, T, dev)
+    w_pos = _per_token("w_pos", w_pos, T, dev)
+    w_neg = _per_token("w_neg", w_neg, T, dev)
     a_pos, a_neg = _sample_weights(adv, pos, w_pos, w_neg, norm, positive_loss_factor,
                                    negative_loss_factor, pos_mult_adv)
     a_pos, a_neg = a_pos.contiguous(), a_neg.contiguous()
