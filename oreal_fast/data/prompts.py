@@ -11,7 +11,6 @@ names the source, the line (jsonl) or row (dataset), and the field.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -19,7 +18,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-PACKAGE_PREFIX = "package://"
+from oreal_fast.package_refs import is_package_ref, resolve_package_ref
+
 DATA_SOURCE = "math"  # the official trainer hard-codes it; it routes every sample to math_judger
 
 
@@ -51,14 +51,7 @@ def resolve_path(ref: str) -> str:
 
     Other strings are returned unchanged. Raises ValueError if the package is not installed.
     """
-    if not ref.startswith(PACKAGE_PREFIX):
-        return ref
-    module, _, rest = ref[len(PACKAGE_PREFIX):].partition("/")
-    spec = importlib.util.find_spec(module) if module else None
-    if spec is None or not spec.submodule_search_locations or not rest:
-        raise ValueError(f"{ref!r}: expected package://<installed package>/<file>; "
-                         f"package {module!r} is not installed")
-    return os.path.join(list(spec.submodule_search_locations)[0], rest)
+    return resolve_package_ref(ref) if is_package_ref(ref) else ref
 
 
 def load_prompt_records(sources: str | Sequence[str], max_prompts: int | None = None) -> list[PromptRecord]:

@@ -15,7 +15,6 @@ reads back to the same logits, and `load_decoder` of that folder gives back the 
 
 from __future__ import annotations
 
-import importlib.resources
 import json
 import os
 import re
@@ -27,6 +26,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from oreal_fast.model.attention import resolve_backend_name
+from oreal_fast.package_refs import is_package_ref, resolve_package_ref
 from oreal_fast.model.decoder import ROPE_TYPES, Decoder, DecoderConfig, TokenRewardModel
 
 # HF key -> our key. Keys mapped to None are known and dropped.
@@ -51,7 +51,6 @@ FROM_HF: dict[str, str | None] = {
 }
 TO_HF: dict[str, str] = {ours: hf for hf, ours in FROM_HF.items() if ours is not None}
 _LAYER = re.compile(r"\.(\d+)\.")
-PACKAGE_SCHEME = "package://"
 
 
 def _map_key(key: str, table: dict[str, str | None]) -> tuple[bool, str | None]:
@@ -166,14 +165,13 @@ class ResolvedRef:
 
 def resolve_ref(ref: str) -> ResolvedRef:
     """Classify a model reference (see module docstring); nothing is loaded."""
-    if ref.startswith(PACKAGE_SCHEME):
-        module, _, name = ref[len(PACKAGE_SCHEME):].partition("/")
+    if is_package_ref(ref):
         try:
-            path = Path(str(importlib.resources.files(module) / name))
-        except ModuleNotFoundError as e:
-            raise ValueError(f"model ref {ref!r}: Python package {module!r} is not installed") from e
+            path = Path(resolve_package_ref(ref))
+        except ValueError as e:
+            raise ValueError(f"model ref {e}") from e
         if not path.is_file():
-            raise ValueError(f"model ref {ref!r}: package {module!r} has no file {name!r}")
+            raise ValueError(f"model ref {ref!r}: the package has no file {path.name!r}")
         return ResolvedRef(str(path.parent), path.name)
     if ref.endswith(".gguf"):
         path = Path(ref).expanduser()
