@@ -121,7 +121,6 @@ class Trainer:
         *,
         rollout: RolloutEngine | None = None,
         router: Router | None = None,
-        run_dir: str | None = None,
     ) -> None:
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
@@ -129,8 +128,8 @@ class Trainer:
         self.logprob_impl = resolve_loss_impl(cfg, self.device)
         resume_path = ckpt.find_resume_state(cfg.resume, cfg.work_dir) if cfg.resume else None
         resume_state = ckpt.load_resume_state(resume_path) if resume_path else None
-        self.run_dir = run_dir or (resume_state["run_dir"] if resume_state else
-                                   os.path.join(cfg.work_dir, datetime.now().strftime("%Y%m%d%H%M%S")))
+        self.run_dir = (resume_state["run_dir"] if resume_state else
+                        os.path.join(cfg.work_dir, datetime.now().strftime("%Y%m%d%H%M%S")))
         os.makedirs(self.run_dir, exist_ok=True)
         set_random_seed(cfg.seed)
 
@@ -149,6 +148,8 @@ class Trainer:
         self.router = router or Router(cfg.judgers_config, cfg.data_judger_mapping)
         self.sampling_generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
         self.metrics = MetricsWriter(self.run_dir, log_interval=cfg.log_interval)
+        self._progress: tqdm | None = None  # the progress bar, while fit() runs
+        self._last_summary = "starting"
         self.start_step = 0
         if resume_state is not None:
             self._restore(resume_state)
@@ -398,7 +399,8 @@ class Trainer:
         return metrics
 
     def _phase(self, name: str) -> None:
-        if getattr(self, "_progress", None) is not None:
+        """Shows the current phase and the last step's summary on the progress bar."""
+        if self._progress is not None:
             self._progress.set_postfix_str(f"{name} | {self._last_summary}", refresh=True)
 
     # ----------------------------------------------------------------------------------------
@@ -447,7 +449,6 @@ class Trainer:
         """Runs steps ``start_step .. total_steps - 1``; returns the run folder."""
         cfg = self.cfg
         every = cfg.checkpoint_every()
-        self._last_summary = "starting"
         self.metrics.log_text(f"run {self.run_dir}: config {cfg.config_path}, {self.total_steps} steps, "
                               f"device {self.device}, compute {self.precision.compute_dtype}, "
                               f"logprobs {self.logprob_impl}")
