@@ -140,3 +140,19 @@ def test_empty_kept_set_skips_rl_phase_and_run_goes_on(tmp_path, tiny_model_dir,
     assert rows[2]["token_level_rm_lr"] < rows[1]["token_level_rm_lr"]  # cosine after the warmup
     with open(os.path.join(run_dir, "rank0.log")) as f:
         assert "no trajectory kept" in f.read()
+
+
+def test_without_token_rm_weights_are_one_and_rm_metrics_zero(tmp_path, tiny_model_dir, perturbed_actor_dir,
+                                                              prompt_file):
+    """token_level_rm=None (the official wo-tokenrm config): no RM loss or optimizer, weights 1."""
+    cfg = load_config(write_config(tmp_path, perturbed_actor_dir, tiny_model_dir, prompt_file,
+                                   token_level_rm=None, threshold_rescale=False))
+    trainer = make_trainer(cfg)
+    assert trainer.models.token_rm is None
+    metrics = trainer.step(0)
+    assert metrics["token_level_rm_loss"] == 0.0 and metrics["token_level_rm_lr"] == 0.0
+    assert metrics["token_rm_grad_norm"] == 0.0 and metrics["actor_grad_norm"] > 0
+    # with weight 1 the kept pair's positive term is (alpha / N_pos) * A * sum(-l) > 0, and the
+    # negative term -(beta / N_neg) * sum(A w-) = beta * 4/3 over the negative's tokens = 2/3
+    assert metrics["positive_loss"] > 0
+    assert metrics["negative_loss"] == pytest.approx(BETA * 4 / 3)
