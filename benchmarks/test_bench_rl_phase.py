@@ -21,7 +21,7 @@ import gc
 import pytest
 import torch
 
-from oreal_fast.algo import global_normalisers, oreal_actor_loss, rm_bce_loss, sequence_means
+from oreal_fast.algo import LossCoefficients, global_normalisers, oreal_actor_loss, rm_bce_loss, sequence_means
 from oreal_fast.config import TrainConfig
 from oreal_fast.model.decoder import Decoder, DecoderConfig, TokenRewardModel
 from oreal_fast.recompute import apply_selective_recompute
@@ -106,8 +106,7 @@ def _hf_plain(length: int):
             lp = logprobs(actor, input_ids)
         seq = torch.repeat_interleave(torch.arange(2, device=DEVICE), lens)
         terms = oreal_actor_loss(lp, ref_lp, torch.tensor([0.5, -0.5], device=DEVICE)[seq], rewards[seq] > 0,
-                                 None, None, norm, positive_loss_factor=1.0, negative_loss_factor=0.5,
-                                 kl_coef=0.01, kl_type="unbias", pos_mult_adv=True)
+                                 None, None, norm, LossCoefficients.from_config(CFG))
         terms.loss.backward()
         actor.zero_grad(set_to_none=True)
         rm.zero_grad(set_to_none=True)

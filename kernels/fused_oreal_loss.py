@@ -47,12 +47,12 @@ import triton.language as tl
 
 from oreal_fast.algo.loss import (
     ActorLossTerms,
-    _check_kl_type,
-    _sample_weights,
+    LossCoefficients,
     kl_penalty,
     oreal_actor_loss,
+    token_coefficients,
 )
-from oreal_fast.algo.normalisers import Normalisers, safe_denominator
+from oreal_fast.algo.normalisers import Normalisers
 from oreal_fast.kernels.linear_logprob import (
     IGNORE_INDEX,
     IMPLS,
@@ -255,12 +255,8 @@ def fused_oreal_loss(
     w_pos: torch.Tensor | None,
     w_neg: torch.Tensor | None,
     norm: Normalisers,
+    coefs: LossCoefficients,
     *,
-    positive_loss_factor: float,
-    negative_loss_factor: float,
-    kl_coef: float,
-    kl_type: str,
-    pos_mult_adv: bool,
     impl: str = "triton",
 ) -> tuple[ActorLossTerms, torch.Tensor]:
     """OREAL actor loss of one micro-batch from the LM head's inputs, without [A, V] logits.
@@ -278,8 +274,7 @@ def fused_oreal_loss(
         is_positive: [A] bool, its sequence's reward > 0.
         w_pos, w_neg: [A] RM token weights, or None (weight 1).
         norm: the step's global normalisers.
-        positive_loss_factor, negative_loss_factor, kl_coef, kl_type, pos_mult_adv: as in
-            `oreal_actor_loss`.
+        coefs: the loss constants, as in `oreal_actor_loss`.
         impl: "triton" (on CPU only under TRITON_INTERPRET=1 with fp32) or "eager".
 
     Returns:
@@ -287,13 +282,9 @@ def fused_oreal_loss(
     """
     if impl not in IMPLS:
         raise ValueError(f"fused_oreal_loss: impl must be one of {IMPLS}, got {impl!r}")
-    kwargs = dict(positive_loss_factor=positive_loss_factor,
-                  negative_loss_factor=negative_loss_factor, kl_coef=kl_coef, kl_type=kl_type,
-                  pos_mult_adv=pos_mult_adv)
     if impl == "eager":
         return fused_oreal_loss_eager(hidden, weight, labels, ref_logprobs, advantages,
-                                      is_positive, w_pos, w_neg, norm, **kwargs)
-    _check_kl_type(kl_type)
+                                      is_positive, w_pos, w_neg, norm, coefs)
     _check_inputs(hidden, weight, labels, 1.0)
     _check_triton(hidden, weight, labels)
     T, dev = hidden.shape[0], hidden.device
@@ -302,16 +293,14 @@ def fused_oreal_loss(
     pos = _per_token("is_positive", is_positive, T, dev)
     w_pos = _per_token("w_pos", w_pos, T, dev)
     w_neg = _per_token("w_neg", w_neg, T, dev)
-    a_pos, a_neg = _sample_weights(adv, pos, w_pos, w_neg, norm, positive_loss_factor,
-                                   negative_loss_factor, pos_mult_adv)
-    a_pos, a_neg = a_pos.contiguous(), a_neg.contiguous()
-    kl_scale = (kl_coef / safe_denominator(norm.num_action)).to(dev)
+    a_pos, a_neg, kl_scale = token_coefficients(adv, pos, w_pos, w_neg, norm, coefs)
+    a_pos, a_neg, kl_scale = a_pos.contiguous(), a_neg.contiguous(), kl_scale.to(dev)
     grad_on = torch.is_grad_enabled()
-    params = _Params(kl_type, grad_on and hidden.requires_grad, grad_on and weight.requires_grad)
+    params = _Params(coefs.kl_type, grad_on and hidden.requires_grad, grad_on and weight.requires_grad)
     if not (params.grad_hidden or params.grad_weight):
         with torch.no_grad():
             lp, _, _ = _forward(hidden, weight, labels, ref, -a_pos - a_neg, kl_scale, params)
-            positive, negative, kl = _loss_values(lp, ref, a_pos, a_neg, kl_scale, kl_type)
+            positive, negative, kl = _loss_values(lp, ref, a_pos, a_neg, kl_scale, coefs.kl_type)
         return ActorLossTerms(positive + negative + kl, positive, negative, kl), lp
     loss, positive, negative, kl, lp = _FusedOrealLoss.apply(
         hidden, weight, labels, ref, a_pos, a_neg, kl_scale, params)
@@ -328,12 +317,8 @@ def fused_oreal_loss_eager(
     w_pos: torch.Tensor | None,
     w_neg: torch.Tensor | None,
     norm: Normalisers,
+    coefs: LossCoefficients,
     *,
-    positive_loss_factor: float,
-    negative_loss_factor: float,
-    kl_coef: float,
-    kl_type: str,
-    pos_mult_adv: bool,
     impl: str = "eager",
 ) -> tuple[ActorLossTerms, torch.Tensor]:
     """The plain-PyTorch twin of `fused_oreal_loss`: `linear_logprob_eager` + `oreal_actor_loss`.
@@ -343,8 +328,5 @@ def fused_oreal_loss_eager(
     if impl != "eager":
         raise ValueError(f"fused_oreal_loss_eager: impl must be 'eager', got {impl!r}")
     lp = linear_logprob_eager(hidden, weight, labels)
-    terms = oreal_actor_loss(lp, ref_logprobs, advantages, is_positive, w_pos, w_neg, norm,
-                             positive_loss_factor=positive_loss_factor,
-                             negative_loss_factor=negative_loss_factor, kl_coef=kl_coef,
-                             kl_type=kl_type, pos_mult_adv=pos_mult_adv)
+    terms = oreal_actor_loss(lp, ref_logprobs, advantages, is_positive, w_pos, w_neg, norm, coefs)
     return terms, lp.detach()

@@ -22,6 +22,7 @@ from typing import NamedTuple
 import torch
 
 from oreal_fast.algo import (
+    LossCoefficients,
     Normalisers,
     actor_metric_sums,
     cumulative_means,
@@ -139,11 +140,7 @@ def rl_micro_step(
             w_pos,
             w_neg,
             norm,
-            positive_loss_factor=cfg.positive_loss_factor,
-            negative_loss_factor=cfg.negative_loss_factor,
-            kl_coef=cfg.kl_coef,
-            kl_type=cfg.kl_type,
-            pos_mult_adv=cfg.pos_mult_adv,
+            LossCoefficients.from_config(cfg),
         )
     if update_actor:
         terms.loss.backward()

@@ -14,12 +14,14 @@ from oreal_fast.algo.loss import (
     KL_TYPES,
     ActorLossTerms,
     ActorMetricSums,
+    LossCoefficients,
     actor_metric_sums,
     actor_metrics,
     kl_penalty,
     kl_penalty_grad,
     oreal_actor_loss,
     oreal_logprob_grad,
+    token_coefficients,
 )
 from oreal_fast.algo.lr_schedule import OfficialLRScheduler, lr_at_step
 from oreal_fast.algo.normalisers import Normalisers, global_normalisers, per_token, segment_ids
@@ -36,6 +38,7 @@ __all__ = [
     "ActorLossTerms",
     "ActorMetricSums",
     "KL_TYPES",
+    "LossCoefficients",
     "Normalisers",
     "OfficialLRScheduler",
     "Selection",
@@ -61,5 +64,6 @@ __all__ = [
     "select_trajectories",
     "sequence_means",
     "threshold_weights",
+    "token_coefficients",
     "topk_weights",
 ]

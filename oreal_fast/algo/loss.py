@@ -15,7 +15,8 @@ quantised to zero for |d| below bf16 resolution.
 Invariant: the returned ``loss`` has the gradient ``oreal_logprob_grad`` w.r.t. ``logprobs``.
 """
 
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 
@@ -42,6 +43,26 @@ class ActorLossTerms(NamedTuple):
 def _check_kl_type(kl_type: str) -> None:
     if kl_type not in KL_TYPES:
         raise ValueError(f"kl_type must be one of {KL_TYPES}, got {kl_type!r}")
+
+
+@dataclass(frozen=True)
+class LossCoefficients:
+    """The constants of the actor objective, under the config's names (reference 2.1, 4.11)."""
+
+    positive_loss_factor: float  # alpha, multiplier of the positive (BC) term
+    negative_loss_factor: float  # beta, multiplier of the negative (PG) term
+    kl_coef: float  # kappa, multiplier of the KL penalty
+    kl_type: str  # "unbias" (k3) | "kl" | "mse", see kl_penalty
+    pos_mult_adv: bool  # multiply the positive term by A_i
+
+    def __post_init__(self) -> None:
+        _check_kl_type(self.kl_type)
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "LossCoefficients":
+        """The five fields of a ``TrainConfig`` (or anything with those attributes)."""
+        return cls(cfg.positive_loss_factor, cfg.negative_loss_factor, cfg.kl_coef, cfg.kl_type,
+                   cfg.pos_mult_adv)
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kl_type: str) -> torch.Tensor:
@@ -77,25 +98,28 @@ def kl_penalty_grad(
     return -d
 
 
-def _sample_weights(
+def token_coefficients(
     advantages: torch.Tensor,
     is_positive: torch.Tensor,
     w_pos: torch.Tensor | None,
     w_neg: torch.Tensor | None,
     norm: Normalisers,
-    positive_loss_factor: float,
-    negative_loss_factor: float,
-    pos_mult_adv: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token coefficients a+ (of -l) and a- (of the ratio), normalisers folded in."""
+    coefs: LossCoefficients,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token a+ (of -l) and a- (of the ratio), and the KL scale, normalisers folded in.
+
+    Returns:
+        ``(a_pos [T], a_neg [T], kl_scale 0-d)`` fp32: ``L = sum a+ (-l) - sum a- exp(l - sg l)
+        + kl_scale * sum k(l, lref)``.
+    """
     adv = advantages.float()
     pos = is_positive.float()
     w_pos = 1.0 if w_pos is None else w_pos.float()
     w_neg = 1.0 if w_neg is None else w_neg.float()
-    pos_adv = adv if pos_mult_adv else 1.0
-    a_pos = positive_loss_factor / safe_denominator(norm.num_positive) * pos * pos_adv * w_pos
-    a_neg = negative_loss_factor / safe_denominator(norm.num_negative) * (1 - pos) * adv * w_neg
-    return a_pos, a_neg
+    pos_adv = adv if coefs.pos_mult_adv else 1.0
+    a_pos = coefs.positive_loss_factor / safe_denominator(norm.num_positive) * pos * pos_adv * w_pos
+    a_neg = coefs.negative_loss_factor / safe_denominator(norm.num_negative) * (1 - pos) * adv * w_neg
+    return a_pos, a_neg, coefs.kl_coef / safe_denominator(norm.num_action)
 
 
 def oreal_actor_loss(
@@ -106,12 +130,7 @@ def oreal_actor_loss(
     w_pos: torch.Tensor | None,
     w_neg: torch.Tensor | None,
     norm: Normalisers,
-    *,
-    positive_loss_factor: float,
-    negative_loss_factor: float,
-    kl_coef: float,
-    kl_type: str,
-    pos_mult_adv: bool,
+    coefs: LossCoefficients,
 ) -> ActorLossTerms:
     """OREAL actor loss of one micro-batch (module docstring formula).
 
@@ -126,19 +145,16 @@ def oreal_actor_loss(
         is_positive: ``[T]`` bool, its sequence's reward > 0.
         w_pos, w_neg: ``[T]`` RM token weights, or None without a token RM (weight 1).
         norm: the step's global normalisers.
-        positive_loss_factor, negative_loss_factor, kl_coef: alpha, beta, kappa.
-        kl_type: see ``kl_penalty``.
-        pos_mult_adv: multiply the positive term by A_i.
+        coefs: alpha, beta, kappa, the KL estimator and ``pos_mult_adv``.
 
     Returns:
         ``ActorLossTerms``.
     """
     lp = logprobs.float()
-    a_pos, a_neg = _sample_weights(advantages, is_positive, w_pos, w_neg, norm,
-                                   positive_loss_factor, negative_loss_factor, pos_mult_adv)
+    a_pos, a_neg, kl_scale = token_coefficients(advantages, is_positive, w_pos, w_neg, norm, coefs)
     positive = (a_pos * -lp).sum()
     negative = -(a_neg * torch.exp(lp - lp.detach())).sum()
-    kl = kl_coef / safe_denominator(norm.num_action) * kl_penalty(lp, ref_logprobs, kl_type).sum()
+    kl = kl_scale * kl_penalty(lp, ref_logprobs, coefs.kl_type).sum()
     total = positive + negative + kl
     return ActorLossTerms(total, positive.detach(), negative.detach(), kl.detach())
 
@@ -151,12 +167,7 @@ def oreal_logprob_grad(
     w_pos: torch.Tensor | None,
     w_neg: torch.Tensor | None,
     norm: Normalisers,
-    *,
-    positive_loss_factor: float,
-    negative_loss_factor: float,
-    kl_coef: float,
-    kl_type: str,
-    pos_mult_adv: bool,
+    coefs: LossCoefficients,
 ) -> torch.Tensor:
     """``g = dL/dl`` per token, in closed form (reference 4.11); the logits' gradient is then
     ``g_t (onehot(a_t) - softmax(z_t))``. Same arguments as ``oreal_actor_loss``.
@@ -168,10 +179,8 @@ def oreal_logprob_grad(
         ``[T]`` fp32, detached.
     """
     lp = logprobs.detach().float()
-    a_pos, a_neg = _sample_weights(advantages, is_positive, w_pos, w_neg, norm,
-                                   positive_loss_factor, negative_loss_factor, pos_mult_adv)
-    kl_scale = kl_coef / safe_denominator(norm.num_action)
-    return -a_pos - a_neg + kl_scale * kl_penalty_grad(lp, ref_logprobs, kl_type)
+    a_pos, a_neg, kl_scale = token_coefficients(advantages, is_positive, w_pos, w_neg, norm, coefs)
+    return -a_pos - a_neg + kl_scale * kl_penalty_grad(lp, ref_logprobs, coefs.kl_type)
 
 
 class ActorMetricSums(NamedTuple):

@@ -11,6 +11,7 @@ import os
 import pytest
 import torch
 
+from oreal_fast.algo.loss import LossCoefficients
 from oreal_fast.algo.normalisers import Normalisers
 from oreal_fast.kernels import IGNORE_INDEX, fused_oreal_loss, linear_logprob_eager
 
@@ -55,8 +56,8 @@ def _inputs(T, H, V, device, dtype=torch.float32, ignore_frac=0.2, rm_weights=Tr
 
 
 def _coefs(kl_type="unbias", pos_mult_adv=True):
-    return dict(positive_loss_factor=1.0, negative_loss_factor=0.5, kl_coef=0.05,
-                kl_type=kl_type, pos_mult_adv=pos_mult_adv)
+    return LossCoefficients(positive_loss_factor=1.0, negative_loss_factor=0.5, kl_coef=0.05,
+                            kl_type=kl_type, pos_mult_adv=pos_mult_adv)
 
 
 def _call(inp, coefs, impl, dtype=None, grad=True):
@@ -65,7 +66,7 @@ def _call(inp, coefs, impl, dtype=None, grad=True):
     h = args.pop("hidden").detach().to(dtype or inp["hidden"].dtype).requires_grad_(grad)
     w = args.pop("weight").detach().to(dtype or inp["weight"].dtype).requires_grad_(grad)
     labels = args.pop("labels")
-    terms, lp = fused_oreal_loss(h, w, labels, **args, **coefs, impl=impl)
+    terms, lp = fused_oreal_loss(h, w, labels, **args, coefs=coefs, impl=impl)
     if grad:
         terms.loss.backward()
     return terms, lp, h.grad, w.grad
@@ -153,7 +154,7 @@ def test_hidden_only_grad_skips_weight(device):
     inp = _inputs(37, 40, 203, device)
     h = inp["hidden"].clone().requires_grad_()
     args = {k: v for k, v in inp.items() if k not in ("hidden", "weight", "labels")}
-    terms, _ = fused_oreal_loss(h, inp["weight"], inp["labels"], **args, **_coefs())
+    terms, _ = fused_oreal_loss(h, inp["weight"], inp["labels"], **args, coefs=_coefs())
     terms.loss.backward()
     _, _, r_dH, _ = _call(inp, _coefs(), "eager", dtype=torch.float64)
     _assert_close("dH", h.grad, r_dH, 1e-4)
@@ -165,7 +166,7 @@ def test_incoming_gradient_scales_dh_dw(device):
     h = inp["hidden"].clone().requires_grad_()
     w = inp["weight"].clone().requires_grad_()
     args = {k: v for k, v in inp.items() if k not in ("hidden", "weight", "labels")}
-    terms, _ = fused_oreal_loss(h, w, inp["labels"], **args, **_coefs())
+    terms, _ = fused_oreal_loss(h, w, inp["labels"], **args, coefs=_coefs())
     (3 * terms.loss).backward()
     _, _, r_dH, r_dW = _call(inp, _coefs(), "eager", dtype=torch.float64)
     _assert_close("dH", h.grad, 3 * r_dH, 1e-4)
@@ -190,14 +191,17 @@ def test_eager_impl_is_the_twin():
 )
 def test_bad_arguments_name_the_fault(change, match):
     inp = _inputs(6, 8, 16, "cpu")
-    coefs = dict(_coefs(), impl="triton")
+    coefs, impl = dict(_coefs().__dict__), "triton"
     for key, value in change.items():
         if key in inp:
             inp[key] = value(inp[key])
+        elif key == "impl":
+            impl = value
         else:
             coefs[key] = value
     with pytest.raises(ValueError, match=match):
-        fused_oreal_loss(inp.pop("hidden"), inp.pop("weight"), inp.pop("labels"), **inp, **coefs)
+        fused_oreal_loss(inp.pop("hidden"), inp.pop("weight"), inp.pop("labels"), **inp,
+                         coefs=LossCoefficients(**coefs), impl=impl)
 
 
 def _poison_cuda_allocator() -> None:
