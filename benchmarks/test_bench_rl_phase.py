@@ -59,7 +59,7 @@ def _ours(length: int, impl: str):
     models = RLModels(actor, reference, token_rm)
     trajs = _trajectories(length)
     batch = make_micro_batch(trajs).to(torch.device(DEVICE))
-    norm = global_normalisers(batch.action_lens, batch.rewards)
+    norm = global_normalisers(batch.action_cu_seqlens.diff(), batch.rewards)
     precision = Precision(torch.device(DEVICE), torch.bfloat16)
 
     def step():

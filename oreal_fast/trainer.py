@@ -240,8 +240,6 @@ class Trainer:
             t.reward, t.advantage = r, a
         selection = select_trajectories(rewards, cfg.prompt_repeat_k, random, cfg.filter_trajectory)  # 4.5
         kept = [trajectories[i] for i in selection.indices]
-        for t, p in zip(kept, selection.pass_rates):
-            t.pass_rate = p
         dump_trajectories(self.run_dir, step, self._dump_records(kept), debug=cfg.debug)
         self._phase("rl")
         t_rl = time.perf_counter()
@@ -304,11 +302,9 @@ class Trainer:
 
     def build_trajectories(self, batch: StepBatch) -> list[Trajectory]:
         """The "infer" stage: prompt + response ids of every sample, labels pre-shifted (4.6)."""
-        return [
-            Trajectory(prompt_ids=p, response_ids=r, reward=0.0, advantage=0.0,
-                       question=rec.question, gold_answer=rec.gold_answer)
-            for rec, p, r in zip(batch.records, batch.prompt_ids, batch.response_ids)
-        ]
+        # rewards and advantages are filled in once the judger has answered (4.4)
+        return [Trajectory(prompt_ids=p, response_ids=r, reward=0.0, advantage=0.0)
+                for p, r in zip(batch.prompt_ids, batch.response_ids)]
 
     def rl_phase(self, kept: list[Trajectory], update_actor: bool) -> MicroStepSums | None:
         """Global normalisers, then every micro-batch in kept order with gradient accumulation (4.7-4.11).

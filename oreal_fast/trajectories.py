@@ -28,9 +28,6 @@ class Trajectory:
     response_ids: list[int]
     reward: float
     advantage: float
-    question: str = ""
-    gold_answer: str = ""
-    pass_rate: float | None = None
 
     @property
     def input_ids(self) -> list[int]:
@@ -56,7 +53,6 @@ class RLMicroBatch:
     Attributes:
         row: the packed ``input_ids``, ``positions``, ``cu_seqlens``, ``max_seqlen``.
         labels: [T] int64, -100 off the action tokens.
-        action_lens: [n] int64, R_i of each sequence.
         rewards: [n] fp32, +1 / -1.
         advantages: [n] fp32.
         action_index: [A] int64, packed position of every action token (A = sum R_i), in order.
@@ -66,16 +62,11 @@ class RLMicroBatch:
 
     row: PackedRow
     labels: torch.Tensor
-    action_lens: torch.Tensor
     rewards: torch.Tensor
     advantages: torch.Tensor
     action_index: torch.Tensor
     action_seq: torch.Tensor
     action_cu_seqlens: torch.Tensor
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.row.input_ids.numel())
 
     def to(self, device: torch.device) -> "RLMicroBatch":
         row = PackedRow(
@@ -87,7 +78,6 @@ class RLMicroBatch:
         return RLMicroBatch(
             row=row,
             labels=self.labels.to(device),
-            action_lens=self.action_lens.to(device),
             rewards=self.rewards.to(device),
             advantages=self.advantages.to(device),
             action_index=self.action_index.to(device),
@@ -103,7 +93,6 @@ def make_micro_batch(trajectories: list[Trajectory]) -> RLMicroBatch:
     return RLMicroBatch(
         row=pack_sequences([t.input_ids for t in trajectories]),
         labels=labels,
-        action_lens=lens,
         rewards=torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
         advantages=torch.tensor([t.advantage for t in trajectories], dtype=torch.float32),
         # built here, on the host, so the device never has to sync on a boolean mask
