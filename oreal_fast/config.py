@@ -469,11 +469,16 @@ def _check_combinations(c: _Checker, cfg: TrainConfig) -> None:
                f"steps; use a fraction >= {1 / cfg.total_steps:.4g}, an int >= 1 or -1")
     if cfg.resume not in (None, "auto") and not os.path.exists(cfg.resume):
         c.fail("resume", f"{cfg.resume!r} does not exist (use None, 'auto', a run folder or a state file)")
-    if cfg.device == "cuda":
-        import torch
+    import torch
 
-        if not torch.cuda.is_available():
-            c.fail("device", "'cuda' was asked for but no CUDA device is available (use 'auto' or 'cpu')")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        c.fail("device", "'cuda' was asked for but no CUDA device is available (use 'auto' or 'cpu')")
+    on_cpu = cfg.device == "cpu" or not torch.cuda.is_available()
+    if on_cpu and cfg.dtype in ("bf16", "fp16"):
+        c.fail("dtype", f"{cfg.dtype!r} needs a GPU; on CPU use 'fp32' or 'auto' (which picks fp32 there)")
+    if on_cpu and cfg.loss_impl == "fused" and os.environ.get("TRITON_INTERPRET") != "1":
+        c.fail("loss_impl", "'fused' on CPU runs the Triton kernels in their interpreter: set "
+               "TRITON_INTERPRET=1, or use 'eager' or 'auto'")
 
 
 def _check_judgers(c: _Checker, cfg: TrainConfig) -> None:

@@ -166,6 +166,18 @@ def test_bad_config_names_key_file_and_range(tmp_path, line, key, why):
     assert key in message and path in message and why in message
 
 
+@pytest.mark.parametrize("line, key, why", [
+    ("device = 'cpu'\ndtype = 'bf16'", "dtype", "needs a GPU"),
+    ("device = 'cpu'\nloss_impl = 'fused'", "loss_impl", "TRITON_INTERPRET=1"),
+])
+def test_cpu_only_settings_are_refused_before_anything_loads(tmp_path, monkeypatch, line, key, why):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    path = _write(tmp_path, line + "\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert key in str(e.value) and path in str(e.value) and why in str(e.value)
+
+
 def test_missing_required_key(tmp_path):
     base = BASE.replace('actor = "some/model"\n', 'actor_lr = 1e-6\n').replace("actor\n", '"x"\n')
     path = _write(tmp_path, base=base)
