@@ -18,6 +18,7 @@ Data parallelism keeps ``dp`` in the math (normalisers are global counts); this 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -41,7 +42,7 @@ from oreal_fast.algo import (
     global_normalisers,
     select_trajectories,
 )
-from oreal_fast.config import TrainConfig, validate_stop_word
+from oreal_fast.config import ConfigError, TrainConfig, validate_stop_word
 from oreal_fast.data.chat import render_prompt_ids
 from oreal_fast.data.prompts import DataError, PromptRecord, balance_by_difficulty, load_prompt_records
 from oreal_fast.data.sampler import PromptSampler, repeat_k
@@ -65,6 +66,16 @@ def set_random_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+@contextlib.contextmanager
+def model_ref_errors(cfg: TrainConfig, key: str):
+    """A model or tokenizer that cannot be loaded is a config error naming its key (one line on the
+    command line, exit 2), not a traceback from deep inside the loader."""
+    try:
+        yield
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{key} in {cfg.config_path}: {e}") from e
 
 
 def resolve_device(name: str) -> torch.device:
@@ -128,7 +139,8 @@ class Trainer:
         os.makedirs(self.run_dir, exist_ok=True)
         set_random_seed(cfg.seed)
 
-        self.tokenizer = load_tokenizer(cfg.actor)
+        with model_ref_errors(cfg, "actor"):
+            self.tokenizer = load_tokenizer(cfg.actor)
         if cfg.chat_template is not None:
             self.tokenizer.chat_template = cfg.chat_template
         self.stop_token_id = validate_stop_word(cfg, self.tokenizer)
@@ -169,12 +181,15 @@ class Trainer:
     def _load_models(self) -> None:
         """Actor and token RM as fp32 masters, the frozen reference in the compute dtype (1.1)."""
         cfg, device = self.cfg, self.device
-        actor = load_decoder(cfg.actor, dtype=torch.float32, device=device)
-        reference = load_decoder(cfg.reference or cfg.actor, dtype=self.precision.compute_dtype, device=device)
+        with model_ref_errors(cfg, "actor"):
+            actor = load_decoder(cfg.actor, dtype=torch.float32, device=device)
+        with model_ref_errors(cfg, "reference"):
+            reference = load_decoder(cfg.reference or cfg.actor, dtype=self.precision.compute_dtype, device=device)
         reference.requires_grad_(False).eval()
         token_rm = None
         if cfg.token_level_rm is not None:
-            token_rm = load_token_rm(cfg.token_level_rm, dtype=torch.float32, device=device)
+            with model_ref_errors(cfg, "token_level_rm"):
+                token_rm = load_token_rm(cfg.token_level_rm, dtype=torch.float32, device=device)
         # the trained models keep activations for backward; the official run recomputes every block
         apply_selective_recompute(actor, cfg.selective_recompute)
         if token_rm is not None:

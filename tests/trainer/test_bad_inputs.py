@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from oreal_fast.config import load_config
 from oreal_fast.judge import Router
 from oreal_fast.trainer import Trainer
@@ -35,6 +37,18 @@ def test_balancing_that_drops_everything_exits_2(tmp_path, tiny_model_dir, promp
     proc = subprocess.run([sys.executable, "-m", "oreal_fast.train", cfg], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 2 and "none left after difficulty balancing" in proc.stderr
+
+
+@pytest.mark.parametrize("key", ["actor", "token_level_rm"])
+def test_a_model_that_cannot_load_exits_2_naming_its_key(tmp_path, tiny_model_dir, prompt_file, key):
+    refs = {"actor": tiny_model_dir, "token_level_rm": tiny_model_dir, key: str(tmp_path / "no_such_model.gguf")}
+    (tmp_path / "c").mkdir()
+    cfg = write_config(tmp_path / "c", refs["actor"], tiny_model_dir, prompt_file,
+                       token_level_rm=refs["token_level_rm"])
+    proc = subprocess.run([sys.executable, "-m", "oreal_fast.train", cfg], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"{key} in {cfg}" in proc.stderr and "no_such_model.gguf" in proc.stderr
 
 
 def closed_port() -> int:
