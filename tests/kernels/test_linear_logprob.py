@@ -21,15 +21,6 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-@pytest.fixture
-def device() -> str:
-    if INTERPRET:
-        return "cpu"
-    if torch.cuda.is_available():
-        return "cuda"
-    pytest.skip("needs TRITON_INTERPRET=1 on CPU or a CUDA GPU")
-
-
 def _inputs(T, H, V, device, dtype=torch.float32, ignore_frac=0.2, seed=0):
     g = torch.Generator(device="cpu").manual_seed(seed)
     hidden = torch.randn(T, H, generator=g) / math.sqrt(H) * 4
@@ -221,21 +212,14 @@ def test_empty_batch_gives_empty_outputs_and_zero_grads(impl, device):
     assert weight.grad is not None and (weight.grad == 0).all()
 
 
-def _poison_cuda_allocator() -> None:
-    """Fills the caching allocator's free blocks with NaN so unwritten outputs show up."""
-    big = torch.full((2**31,), float("nan"), device="cuda")  # 8 GiB: the large-block pool
-    small = [torch.full((2**17,), float("nan"), device="cuda") for _ in range(64)]
-    del big, small
-
-
 @needs_cuda
 @pytest.mark.parametrize("with_ent_grad", [False, True], ids=["lp_grad", "lp_ent_grad"])
-def test_bf16_real_shape_matches_fp64(with_ent_grad):
+def test_bf16_real_shape_matches_fp64(with_ent_grad, poison_cuda_allocator):
     """Qwen2.5-0.5B head, one 16k-token micro-batch, bf16 inputs."""
     T, H, V = 16384, 896, 151936
     hidden, weight, labels, g_lp, g_ent = _inputs(T, H, V, "cuda", torch.bfloat16, ignore_frac=0.1)
     g_ent = g_ent if with_ent_grad else None
-    _poison_cuda_allocator()
+    poison_cuda_allocator()
     lp, ent, dH, dW = _run(hidden, weight, labels, 1.0, g_lp, g_ent, "triton")
     torch.cuda.synchronize()
     r_lp, r_ent, r_dH, r_dW = _reference(hidden, weight, labels, 1.0, g_lp, g_ent, rows=2048)
@@ -246,10 +230,10 @@ def test_bf16_real_shape_matches_fp64(with_ent_grad):
 
 
 @needs_cuda
-def test_bf16_forward_only_poisoned():
+def test_bf16_forward_only_poisoned(poison_cuda_allocator):
     T, H, V = 4099, 896, 151936
     hidden, weight, labels, *_ = _inputs(T, H, V, "cuda", torch.bfloat16, ignore_frac=0.1)
-    _poison_cuda_allocator()
+    poison_cuda_allocator()
     with torch.no_grad():
         lp, ent = linear_logprob(hidden, weight, labels, return_entropy=True)
     torch.cuda.synchronize()
