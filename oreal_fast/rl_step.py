@@ -75,14 +75,20 @@ class MicroStepSums(NamedTuple):
 def action_logprobs(
     model: Decoder, batch: RLMicroBatch, precision: Precision, impl: str
 ) -> torch.Tensor:
-    """log pi(a_t) of every action token of the micro-batch, packed: ``[A]`` fp32."""
-    row = batch.row
-    with precision.autocast():
-        hidden = model(row.input_ids, row.positions, row.cu_seqlens, row.max_seqlen)  # (T, H)
-    hidden = hidden.index_select(0, batch.action_index)  # (A, H)
-    dtype = precision.compute_dtype
+    """log pi(a_t) of every action token of the micro-batch, packed: ``[A]`` fp32.
+
+    The LM head runs inside the model's forward (as ``head``), on the action rows only."""
+    row, dtype = batch.row, precision.compute_dtype
     labels = batch.labels.index_select(0, batch.action_index)
-    return linear_logprob(hidden.to(dtype), model.lm_head_weight.to(dtype), labels, impl=impl)
+
+    def head(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        hidden = hidden.index_select(0, batch.action_index)  # (A, H)
+        # the kernels (and their eager twin) pick their own precisions: autocast must not recast them
+        with torch.autocast(precision.device.type, enabled=False):
+            return linear_logprob(hidden.to(dtype), weight.to(dtype), labels, impl=impl)
+
+    with precision.autocast():
+        return model(row.input_ids, row.positions, row.cu_seqlens, row.max_seqlen, head=head)
 
 
 def token_rm_step(

@@ -51,12 +51,12 @@ from oreal_fast.metrics import MetricsWriter, dump_trajectories
 from oreal_fast.model.hf_io import load_decoder, load_token_rm, load_tokenizer, save_hf_checkpoint
 from oreal_fast.recompute import apply_selective_recompute
 from oreal_fast.rl_step import MicroStepSums, Precision, RLModels, rl_micro_step
-from oreal_fast.rollout import ReferenceSampler, RolloutEngine, SamplingParams
+from oreal_fast.rollout import PlainSampler, RolloutEngine, SamplingParams
 from oreal_fast.trajectories import Trajectory, make_micro_batches
 
 log = logging.getLogger("oreal_fast")
 
-# Share of the free GPU memory the reference sampler's KV cache may take; the rest stays for the
+# Share of the free GPU memory the plain sampler's KV cache may take; the rest stays for the
 # RL phase's activations, which the allocator reuses after generation.
 KV_CACHE_SHARE = 0.25
 
@@ -118,7 +118,7 @@ class Trainer:
     """Holds the models, optimisers, schedulers, data and outputs of one run.
 
     ``rollout`` and ``router`` may be injected (tests script them); by default the actor's own
-    weights generate through ``ReferenceSampler`` and the config's judgers score.
+    weights generate through ``PlainSampler`` and the config's judgers score.
     """
 
     def __init__(
@@ -149,7 +149,8 @@ class Trainer:
         self.total_steps = min(cfg.total_steps, self.sampler.num_steps)  # official cap (3.4)
         self._load_models()
         self._build_optimizers()
-        self.rollout = rollout or ReferenceSampler(self.models.actor, max_batch_size=self._rollout_batch_size())
+        self.rollout = rollout or PlainSampler(self.models.actor, max_batch_size=self._rollout_batch_size(),
+                                               kv_dtype=self.precision.compute_dtype)
         # The Router draws its first verifier host from Python's global `random`, as the official
         # judger does, before any filter draw (Q15): build it after seeding, before the first step.
         self.router = router or Router(cfg.judgers_config, cfg.data_judger_mapping)
@@ -180,16 +181,16 @@ class Trainer:
 
     def _load_models(self) -> None:
         """Actor and token RM as fp32 masters, the frozen reference in the compute dtype (1.1)."""
-        cfg, device = self.cfg, self.device
+        cfg, device, compute = self.cfg, self.device, self.precision.compute_dtype
         with model_ref_errors(cfg, "actor"):
-            actor = load_decoder(cfg.actor, dtype=torch.float32, device=device)
+            actor = load_decoder(cfg.actor, dtype=torch.float32, device=device, compute_dtype=compute)
         with model_ref_errors(cfg, "reference"):
-            reference = load_decoder(cfg.reference or cfg.actor, dtype=self.precision.compute_dtype, device=device)
+            reference = load_decoder(cfg.reference or cfg.actor, dtype=compute, device=device)
         reference.requires_grad_(False).eval()
         token_rm = None
         if cfg.token_level_rm is not None:
             with model_ref_errors(cfg, "token_level_rm"):
-                token_rm = load_token_rm(cfg.token_level_rm, dtype=torch.float32, device=device)
+                token_rm = load_token_rm(cfg.token_level_rm, dtype=torch.float32, device=device, compute_dtype=compute)
         # the trained models keep activations for backward; the official run recomputes every block
         apply_selective_recompute(actor, cfg.selective_recompute)
         if token_rm is not None:
@@ -197,13 +198,13 @@ class Trainer:
         self.models = RLModels(actor, reference, token_rm)
 
     def _rollout_batch_size(self) -> int:
-        """Sessions per batch of the reference sampler: the whole step on CPU; on a GPU as many as
+        """Sessions per batch of the plain sampler: the whole step on CPU; on a GPU as many as
         a quarter of the free memory holds at gen_max_length (its KV cache is one contiguous row per
         session, sized for the longest one)."""
         if self.device.type != "cuda":
             return self.cfg.gen_global_batch
         free, _ = torch.cuda.mem_get_info(self.device)
-        per_session = self.models.actor.kv_bytes_per_token() * self.cfg.gen_max_length
+        per_session = self.models.actor.kv_bytes_per_token(self.precision.compute_dtype) * self.cfg.gen_max_length
         return max(1, min(self.cfg.gen_global_batch, int(KV_CACHE_SHARE * free) // per_session))
 
     def _build_optimizers(self) -> None:

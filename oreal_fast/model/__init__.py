@@ -1,6 +1,5 @@
 """Packed Llama/Qwen2 decoder, token-level reward model, attention backends and HF I/O."""
 
-from oreal_fast.model.attention import KVCache
 from oreal_fast.model.decoder import Decoder, DecoderConfig, TokenRewardModel, benchmark_forward
 from oreal_fast.model.hf_io import (
     decoder_from_hf,
@@ -15,7 +14,6 @@ from oreal_fast.model.hf_io import (
 __all__ = [
     "Decoder",
     "DecoderConfig",
-    "KVCache",
     "TokenRewardModel",
     "benchmark_forward",
     "decoder_from_hf",

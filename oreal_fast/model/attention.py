@@ -1,4 +1,4 @@
-"""Causal attention over packed varlen rows, and the KV cache used by the reference sampler.
+"""Causal attention over packed varlen rows.
 
 A backend is a function `(q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D], cu_seqlens [N+1] int32,
 max_seqlen) -> out [T, Hq, D]` computing causal softmax attention inside each packed sequence.
@@ -11,14 +11,14 @@ result up to rounding, which the tests check against each other.
   bf16/fp16 only. Its keyword set moved between torch releases (`is_causal` vs `window_size`,
   `enable_gqa`), so the call is adapted once from its signature.
 
-This module does not do paged caches or CUDA graphs; those belong to the fast rollout engine.
+This module does not do KV caches: generation passes its own cache object to `Decoder.forward`
+(`oreal_fast.rollout`).
 Invariant: attention never crosses a `cu_seqlens` boundary.
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -102,77 +102,3 @@ def resolve_backend_name(name: str, device: torch.device | str | None, dtype: to
 def make_backend(name: str) -> AttentionBackend:
     """The backend function for a resolved name ("sdpa" or "varlen")."""
     return _make_varlen_backend() if name == "varlen" else sdpa_attention
-
-
-@dataclass
-class KVCache:
-    """Contiguous per-session key/value cache: one row of `max_length` slots per session.
-
-    k, v: [num_layers, num_rows, max_length, Hkv, D]. The token at absolute position p of the
-    session in row r lives at [layer, r, p]. Slots past a session's length hold stale values and
-    are masked out by position, never by a separate length counter.
-    """
-
-    k: torch.Tensor
-    v: torch.Tensor
-
-    @classmethod
-    def allocate(
-        cls, num_layers: int, num_rows: int, max_length: int, num_kv_heads: int, head_dim: int,
-        *, dtype: torch.dtype, device: torch.device | str,
-    ) -> "KVCache":
-        shape = (num_layers, num_rows, max_length, num_kv_heads, head_dim)
-        return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-
-
-@dataclass
-class CacheSlots:
-    """Where the tokens of one forward go in a `KVCache`.
-
-    rows: [N] int64, cache row of each packed sequence; positions: [T] int64 absolute positions;
-    token_rows: [T] int64, cache row of each token.
-    """
-
-    cache: KVCache
-    rows: torch.Tensor
-    token_rows: torch.Tensor
-    positions: torch.Tensor
-
-    def attend(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-        cu_seqlens: torch.Tensor, max_seqlen: int,
-    ) -> torch.Tensor:
-        """Write k, v at their slots, then attend each query to its session's slots 0..position.
-
-        Args:
-            q: [T, Hq, D]; k, v: [T, Hkv, D] for the new tokens.
-
-        Returns:
-            out: [T, Hq, D].
-        """
-        ck, cv = self.cache.k[layer], self.cache.v[layer]  # (rows, S, Hkv, D)
-        ck[self.token_rows, self.positions] = k
-        cv[self.token_rows, self.positions] = v
-        if max_seqlen == 1:  # decode: one token per session, one batched call
-            return self._attend_rows(q.unsqueeze(1), ck, cv, self.rows, self.positions[:, None]).squeeze(1)
-        bounds = cu_seqlens.tolist()
-        outs = []
-        for i, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
-            pos = self.positions[start:end]
-            outs.append(self._attend_rows(q[None, start:end], ck, cv, self.rows[i : i + 1], pos[None]).squeeze(0))
-        return torch.cat(outs, dim=0)
-
-    @staticmethod
-    def _attend_rows(
-        q: torch.Tensor, ck: torch.Tensor, cv: torch.Tensor, rows: torch.Tensor, q_pos: torch.Tensor
-    ) -> torch.Tensor:
-        """q: [B, n, Hq, D]; ck, cv: [rows, S, Hkv, D]; rows: [B]; q_pos: [B, n] -> [B, n, Hq, D]."""
-        num_keys = int(q_pos.max()) + 1
-        # gather only the filled prefix of each row
-        k, v = ck[:, :num_keys][rows], cv[:, :num_keys][rows]  # (B, num_keys, Hkv, D)
-        # query at position p sees keys 0..p of its own row
-        mask = torch.arange(num_keys, device=q.device)[None, None, :] <= q_pos[:, :, None]  # (B, n, S)
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask[:, None], enable_gqa=True
-        )
-        return out.transpose(1, 2)

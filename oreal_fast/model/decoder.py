@@ -3,8 +3,18 @@
 One implementation covers both families; the differences (q/k/v bias, tied embeddings, rope
 theta and scaling, GQA, RMSNorm eps) are config fields. Activations are `[T, H]` for a packed row
 of N sequences (`cu_seqlens` [N+1], `positions` restarting at 0 per sequence): no batch dim, no
-padding. `Decoder.forward` returns the final-norm hidden states; the LM head (`lm_head_weight`)
-is applied by the caller (the fused loss kernels, the sampler), so no `[T, V]` tensor is made here.
+padding. `Decoder.forward` returns the final-norm hidden states, or, given a `head`, whatever that
+function makes of the hidden states and the LM-head matrix (the fused loss kernels, the sampler's
+logits): the head runs inside `forward`, so wrappers that gather parameters around a module's
+forward (FSDP2) see it, and no `[T, V]` tensor is made here unless the head makes one.
+
+Generation passes a `cache` (any object with `attend(layer, q, k, v) -> out`, built by the rollout
+engine or the reference sampler for this forward): every attention layer then hands its new q, k, v
+to the cache, which stores k, v and attends over what it holds. The decoder keeps no cache state.
+
+Precision: q, k and v reach attention in one dtype, the dtype of the q/k/v projections (bf16 under
+autocast, the parameter dtype otherwise): the rope tables are cast to it. The attention backend is
+picked at construction for the *compute* dtype (`compute_dtype`, default the parameter dtype).
 
 Not here: HF name mapping and file I/O (`hf_io.py`), attention kernels (`attention.py`).
 Invariant: numerics follow transformers' Llama/Qwen2 modules op for op (fp32 RMSNorm statistics,
@@ -16,14 +26,18 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import Any, Callable, Protocol
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from oreal_fast.model.attention import AttentionBackend, CacheSlots, KVCache, make_backend, resolve_backend_name
+from oreal_fast.model.attention import AttentionBackend, make_backend, resolve_backend_name
 
 ROPE_TYPES = ("default", "linear", "llama3")
+# The rope table covers at least this many positions (OREAL's gen_max_length is 16 384), even for a
+# checkpoint that declares a shorter context: transformers also lets positions run past it.
+MIN_ROPE_POSITIONS = 32768
 
 
 @dataclass(frozen=True)
@@ -101,19 +115,47 @@ def rope_inv_freq(config: DecoderConfig, device: torch.device) -> torch.Tensor:
     return inv_freq
 
 
-def rope_tables(
-    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin: [T, 1, head_dim] in `dtype`, computed in fp32 from positions [T] int64."""
-    freqs = positions.float()[:, None] * inv_freq[None, :]  # (T, D/2)
-    emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # (T, 1, D)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+def max_rope_positions(config: DecoderConfig) -> int:
+    """Positions the rope table covers: a forward takes positions 0 .. this - 1."""
+    return max(config.max_position_embeddings, MIN_ROPE_POSITIONS)
+
+
+def rope_table(config: DecoderConfig, device: torch.device) -> torch.Tensor:
+    """cos and sin of every position below P = max(max_position_embeddings, MIN_ROPE_POSITIONS):
+    [P, 2, head_dim] fp32.
+
+    Computed once per device (in fp32, as transformers does per forward) and indexed by position,
+    so a forward does no trigonometry and a captured decode step allocates nothing for rope.
+    """
+    inv_freq = rope_inv_freq(config, device)
+    positions = torch.arange(max_rope_positions(config), device=device, dtype=torch.float32)
+    freqs = positions[:, None] * inv_freq[None, :]  # (P, D/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (P, D)
+    return torch.stack((emb.cos(), emb.sin()), dim=1)  # (P, 2, D)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [T, heads, D] by the half-split convention of HF Llama checkpoints."""
+    """Rotate x [T, heads, D] by the half-split convention of HF Llama checkpoints.
+
+    cos, sin: [T, 1, D] fp32; cast to x's dtype first (transformers casts its tables to the
+    activation dtype too), so q and k keep the dtype of v.
+    """
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class AttentionCache(Protocol):
+    """What generation hands `Decoder.forward`: stores each layer's new keys and values and attends
+    the new queries over everything cached for their sequence (the new tokens included, causally)."""
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q: [T, Hq, D]; k, v: [T, Hkv, D], one dtype -> out [T, Hq, D]."""
+        ...
+
+
+# A head maps (hidden [T, H], lm_head_weight [V, H]) to whatever the caller needs.
+Head = Callable[[torch.Tensor, torch.Tensor], Any]
 
 
 class Attention(nn.Module):
@@ -130,17 +172,17 @@ class Attention(nn.Module):
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor,
-        max_seqlen: int, slots: CacheSlots | None,
+        max_seqlen: int, cache: AttentionCache | None,
     ) -> torch.Tensor:
         T = x.shape[0]
         q = self.wq(x).view(T, self.num_heads, self.head_dim)  # (T, Hq, D)
         k = self.wk(x).view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
         v = self.wv(x).view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if slots is None:
+        if cache is None:
             out = self.backend(q, k, v, cu_seqlens, max_seqlen)
         else:
-            out = slots.attend(self.layer_idx, q, k, v, cu_seqlens, max_seqlen)
+            out = cache.attend(self.layer_idx, q, k, v)
         return self.wo(out.reshape(T, self.num_heads * self.head_dim))
 
 
@@ -167,9 +209,9 @@ class Block(nn.Module):
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor,
-        max_seqlen: int, slots: CacheSlots | None,
+        max_seqlen: int, cache: AttentionCache | None,
     ) -> torch.Tensor:
-        x = x + self.attn(rms_norm(x, self.attn_norm, self.eps), cos, sin, cu_seqlens, max_seqlen, slots)
+        x = x + self.attn(rms_norm(x, self.attn_norm, self.eps), cos, sin, cu_seqlens, max_seqlen, cache)
         return x + self.mlp(rms_norm(x, self.mlp_norm, self.eps))
 
 
@@ -179,17 +221,21 @@ class Decoder(nn.Module):
     `with_lm_head=False` builds a trunk without the LM head (the token-RM backbone).
     Construct on device="meta" to allocate nothing, then `to_empty(device=...)` and either
     `init_weights()` or load a state dict. Parameter names are those of `hf_io.HF_NAME_MAP`.
+    `compute_dtype` is the dtype the matmuls run in (bf16 for fp32 masters under autocast); the
+    attention backend is chosen for it, not for the parameter dtype.
     """
 
     def __init__(
         self, config: DecoderConfig, *, attn_backend: str = "auto", with_lm_head: bool = True,
         device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+        compute_dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.config = config
         factory = {"device": device, "dtype": dtype}
+        compute_dtype = compute_dtype or dtype or torch.get_default_dtype()
         # "auto" resolves for `device`; a model built on meta and moved later should name its backend
-        self.attn_backend = resolve_backend_name(attn_backend, device, dtype or torch.get_default_dtype())
+        self.attn_backend = resolve_backend_name(attn_backend, device, compute_dtype)
         backend = make_backend(self.attn_backend)
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size, **factory)
         self.blocks = nn.ModuleList(Block(config, i, backend, **factory) for i in range(config.num_layers))
@@ -198,6 +244,7 @@ class Decoder(nn.Module):
         self.has_lm_head = with_lm_head
         untied = with_lm_head and not config.tie_embeddings
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, **factory) if untied else None
+        self._rope: torch.Tensor | None = None  # rope_table() for the parameters' device, made on first use
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
@@ -226,41 +273,38 @@ class Decoder(nn.Module):
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
-        kv_cache: KVCache | None = None, cache_rows: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Final-norm hidden states of a packed row.
+        cache: AttentionCache | None = None, head: Head | None = None,
+    ) -> Any:
+        """Final-norm hidden states of a packed row, or `head(hidden, lm_head_weight)`.
 
         Args:
             input_ids: [T] int64 token ids of N sequences laid end to end.
-            positions: [T] int64 position of each token in its own sequence (absolute position
-                within its session when a cache is used).
-            cu_seqlens: [N+1] int32 sequence boundaries, 0 first and T last.
+            positions: [T] int64 position of each token in its own sequence (its absolute
+                position in the sequence when a cache holds the earlier ones).
+            cu_seqlens: [N+1] int32 sequence boundaries, 0 first and T last (read by the
+                attention backend; a cache knows its own layout and ignores it).
             max_seqlen: longest sequence length in the row (host int).
-            kv_cache: optional cache; when given, each sequence's new keys/values are written at
-                its positions and its queries also see the cached earlier positions.
-            cache_rows: [N] int64 cache row of each sequence (required with kv_cache).
+            cache: the generation cache of this forward, or None for plain causal attention.
+            head: applied to (hidden [T, H], lm_head_weight [V, H]) inside this forward.
 
         Returns:
-            hidden: [T, H] in the parameter dtype.
+            hidden: [T, H] in the parameter dtype (fp32 masters under autocast stay fp32), or
+            whatever `head` returns.
         """
-        if (kv_cache is None) != (cache_rows is None):
-            raise ValueError("Decoder.forward: kv_cache and cache_rows go together")
-        slots = None
-        if kv_cache is not None:
-            token_rows = cache_rows.repeat_interleave(cu_seqlens.diff(), output_size=input_ids.shape[0])
-            slots = CacheSlots(kv_cache, cache_rows, token_rows, positions)
         x = self.embed(input_ids)  # (T, H)
-        cos, sin = rope_tables(positions, rope_inv_freq(self.config, x.device), x.dtype)
+        cos_sin = self.rope_table()[positions]  # (T, 2, D) fp32
+        cos, sin = cos_sin[:, :1], cos_sin[:, 1:]  # (T, 1, D) each
         for block in self.blocks:
-            x = block(x, cos, sin, cu_seqlens, max_seqlen, slots)
-        return rms_norm(x, self.norm, self.config.rms_norm_eps)
+            x = block(x, cos, sin, cu_seqlens, max_seqlen, cache)
+        hidden = rms_norm(x, self.norm, self.config.rms_norm_eps)
+        return hidden if head is None else head(hidden, self.lm_head_weight)
 
-    def allocate_kv_cache(self, num_rows: int, max_length: int) -> KVCache:
-        """A zeroed cache of `num_rows` sessions x `max_length` positions in the parameter dtype."""
-        c, w = self.config, self.embed.weight
-        return KVCache.allocate(
-            c.num_layers, num_rows, max_length, c.num_kv_heads, c.head_dim, dtype=w.dtype, device=w.device
-        )
+    def rope_table(self) -> torch.Tensor:
+        """`rope_table(config)` on the parameters' device, computed once: [P, 2, head_dim] fp32."""
+        device = self.embed.weight.device
+        if self._rope is None or self._rope.device != device:
+            self._rope = rope_table(self.config, device)
+        return self._rope
 
     def kv_bytes_per_token(self, dtype: torch.dtype | None = None) -> int:
         """Bytes of K and V cached per token over all layers (in `dtype`, default the params')."""

@@ -221,14 +221,17 @@ def _load_hf_state(ref: str):
 def decoder_from_hf(
     hf_config, hf_state: dict[str, torch.Tensor], *, dtype: torch.dtype, device: torch.device | str,
     attn_backend: str = "auto", with_lm_head: bool = True, source: str = "checkpoint",
+    compute_dtype: torch.dtype | None = None,
 ) -> Decoder:
     """Build our Decoder from a transformers config and an HF-named state dict (e.g. `hf_model.state_dict()`).
 
-    `source` names the checkpoint in error messages.
+    `source` names the checkpoint in error messages; `compute_dtype` (default `dtype`) picks the
+    attention backend.
     """
     config = config_from_hf(hf_config)
-    backend = resolve_backend_name(attn_backend, device, dtype)
-    model = Decoder(config, attn_backend=backend, with_lm_head=with_lm_head, device="meta", dtype=dtype)
+    backend = resolve_backend_name(attn_backend, device, compute_dtype or dtype)
+    model = Decoder(config, attn_backend=backend, with_lm_head=with_lm_head, device="meta", dtype=dtype,
+                    compute_dtype=compute_dtype)
     state = _convert(hf_state, model, FROM_HF, source)
     model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()}, assign=True)
     return model
@@ -236,7 +239,7 @@ def decoder_from_hf(
 
 def load_decoder(
     ref: str, *, dtype: torch.dtype, device: torch.device | str, attn_backend: str = "auto",
-    with_lm_head: bool = True,
+    with_lm_head: bool = True, compute_dtype: torch.dtype | None = None,
 ) -> Decoder:
     """Load a Llama/Qwen2 checkpoint into our Decoder.
 
@@ -246,6 +249,8 @@ def load_decoder(
         device: where the parameters live.
         attn_backend: "auto", "sdpa" or "varlen" (see attention.py).
         with_lm_head: False drops an untied LM head (reward-model backbones).
+        compute_dtype: the dtype forwards compute in (autocast), default `dtype`; it picks the
+            attention backend.
 
     Returns:
         The Decoder (in training mode, as any new nn.Module).
@@ -253,15 +258,17 @@ def load_decoder(
     hf_config, hf_state = _load_hf_state(ref)
     return decoder_from_hf(
         hf_config, hf_state, dtype=dtype, device=device, attn_backend=attn_backend,
-        with_lm_head=with_lm_head, source=ref,
+        with_lm_head=with_lm_head, source=ref, compute_dtype=compute_dtype,
     )
 
 
 def load_token_rm(
-    ref: str, *, dtype: torch.dtype, device: torch.device | str, attn_backend: str = "auto"
+    ref: str, *, dtype: torch.dtype, device: torch.device | str, attn_backend: str = "auto",
+    compute_dtype: torch.dtype | None = None,
 ) -> TokenRewardModel:
     """Backbone from `ref` (its LM head dropped) plus a zero-initialised score head (reference Q1)."""
-    backbone = load_decoder(ref, dtype=dtype, device=device, attn_backend=attn_backend, with_lm_head=False)
+    backbone = load_decoder(ref, dtype=dtype, device=device, attn_backend=attn_backend, with_lm_head=False,
+                            compute_dtype=compute_dtype)
     return TokenRewardModel(backbone)
 
 

@@ -1,8 +1,8 @@
 """The rollout interface: prompts (token ids) in, response token ids out.
 
 `SamplingParams` carries the official generation settings (reference 4.2); `RolloutEngine` is
-the protocol every engine implements (the reference sampler here, the fast paged engine later).
-Engines work on token ids only: chat templates and decoding to text belong to the caller.
+the protocol every engine implements; `new_token_limits` and `finished` are the one stop rule both
+engines apply. Engines work on token ids only: chat templates and decoding belong to the caller.
 Invariant: a response ends with its stop token when it stopped on one (the token is kept).
 """
 
@@ -54,3 +54,43 @@ class RolloutEngine(Protocol):
             Response token ids per prompt, same order; the stop token is kept as the last token.
         """
         ...
+
+
+def check_prompts(prompts: list[list[int]], params: SamplingParams) -> None:
+    """Every prompt has at least one token and room for one new token under `max_length`."""
+    for i, p in enumerate(prompts):
+        if not 1 <= len(p) < params.max_length:
+            raise ValueError(
+                f"prompt {i} has {len(p)} tokens: it must have at least 1 "
+                f"and fewer than max_length={params.max_length}"
+            )
+
+
+def new_token_limits(prompt_lens: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """How many new tokens each response may have: min(max_new_tokens, max_length - prompt length).
+
+    Args:
+        prompt_lens: [B] int64 prompt lengths (each < max_length).
+
+    Returns:
+        [B] int64, each >= 1.
+    """
+    return (params.max_length - prompt_lens).clamp(max=params.max_new_tokens)
+
+
+def finished(tokens: torch.Tensor, num_new: torch.Tensor, limits: torch.Tensor, stop_ids: torch.Tensor) -> torch.Tensor:
+    """The stop rule of reference 4.2, checked after a sampled token is appended.
+
+    A response ends when it has `limits` new tokens or its last token is a stop token (which is
+    kept). One device op chain, no host sync.
+
+    Args:
+        tokens: [B] int64, the token just sampled for each sequence.
+        num_new: [B] int64, new tokens each response holds, that token included.
+        limits: [B] int64 from `new_token_limits`.
+        stop_ids: [S] int64 stop token ids (S may be 0).
+
+    Returns:
+        [B] bool, True where the response is complete.
+    """
+    return (num_new >= limits) | torch.isin(tokens, stop_ids)

@@ -5,6 +5,7 @@ import torch
 
 from oreal_fast.model import Decoder, DecoderConfig, TokenRewardModel, decoder_from_hf
 from oreal_fast.model.attention import sdpa_attention
+from oreal_fast.rollout.plain_sampler import ContiguousKVCache
 
 LENS = [5, 11, 1, 7]
 
@@ -60,18 +61,18 @@ def test_kv_cache_prefill_and_decode_match_full_forward(hf_model):
     lens, prefix = [6, 9], [2, 4]  # prefill the prefixes, then feed the rest one token per step
     seqs, ids, pos, cu = packed(lens, hf_model.config.vocab_size)
     full = ours(ids, pos, cu, max(lens))
-    cache = ours.allocate_kv_cache(num_rows=3, max_length=12)
+    cache = ContiguousKVCache(ours, num_rows=3, max_length=12, dtype=torch.float32)
     rows = torch.tensor([2, 0])  # cache rows need not follow packing order
     pre_ids = torch.cat([s[:p] for s, p in zip(seqs, prefix)])
     pre_pos = torch.cat([torch.arange(p) for p in prefix])
     pre_cu = torch.tensor([0, 2, 6], dtype=torch.int32)
-    got = [[h] for h in ours(pre_ids, pre_pos, pre_cu, 4, kv_cache=cache, cache_rows=rows).split(prefix)]
+    got = [[h] for h in ours(pre_ids, pre_pos, pre_cu, 4, cache=cache.view(rows, pre_pos, pre_cu)).split(prefix)]
     for t in range(max(n - p for n, p in zip(lens, prefix))):
         live = [i for i in range(2) if prefix[i] + t < lens[i]]
         step_ids = torch.stack([seqs[i][prefix[i] + t] for i in live])
         step_pos = torch.tensor([prefix[i] + t for i in live])
         step_cu = torch.arange(len(live) + 1, dtype=torch.int32)
-        h = ours(step_ids, step_pos, step_cu, 1, kv_cache=cache, cache_rows=rows[live])
+        h = ours(step_ids, step_pos, step_cu, 1, cache=cache.view(rows[live], step_pos, step_cu))
         for j, i in enumerate(live):
             got[i].append(h[j : j + 1])
     assert (torch.cat([torch.cat(g) for g in got]) - full).abs().max() <= 1e-5
