@@ -36,10 +36,10 @@ from tqdm import tqdm
 from oreal_fast import checkpoint as ckpt
 from oreal_fast.algo import (
     ActorMetricSums,
+    LossCoefficients,
     OfficialLRScheduler,
     actor_metrics,
     compute_advantages,
-    global_normalisers,
     select_trajectories,
 )
 from oreal_fast.config import ConfigError, TrainConfig, validate_stop_word
@@ -48,11 +48,20 @@ from oreal_fast.data.prompts import DataError, PromptRecord, balance_by_difficul
 from oreal_fast.data.sampler import PromptSampler, repeat_k
 from oreal_fast.judge import JudgeItem, Router
 from oreal_fast.metrics import MetricsWriter, dump_trajectories
+from oreal_fast.model.decoder import max_rope_positions
 from oreal_fast.model.hf_io import load_decoder, load_token_rm, load_tokenizer, save_hf_checkpoint
 from oreal_fast.recompute import apply_selective_recompute
-from oreal_fast.rl_step import MicroStepSums, Precision, RLModels, rl_micro_step
+from oreal_fast.rl_step import (
+    MicroStepSums,
+    Precision,
+    RLModels,
+    RLSettings,
+    TokenWeightRule,
+    clip_and_step,
+    rl_phase,
+)
 from oreal_fast.rollout import PlainSampler, RolloutEngine, SamplingParams
-from oreal_fast.trajectories import Trajectory, make_micro_batches
+from oreal_fast.trajectories import Trajectory
 
 log = logging.getLogger("oreal_fast")
 
@@ -98,10 +107,16 @@ def resolve_precision(cfg: TrainConfig, device: torch.device) -> Precision:
 
 
 def resolve_loss_impl(cfg: TrainConfig, device: torch.device) -> str:
-    """``loss_impl`` -> the ``impl`` of ``linear_logprob``: fused = Triton kernels, eager = twin."""
+    """``loss_impl`` -> the kernels' ``impl``: auto = Triton kernels on CUDA, the eager twin on CPU."""
     if cfg.loss_impl == "auto":
         return "triton" if device.type == "cuda" else "eager"
-    return "triton" if cfg.loss_impl == "fused" else "eager"
+    return cfg.loss_impl
+
+
+def rl_settings(cfg: TrainConfig, precision: Precision) -> RLSettings:
+    """What every micro-step needs of the config, built once per run."""
+    return RLSettings(LossCoefficients.from_config(cfg), TokenWeightRule.from_config(cfg), precision,
+                      impl=resolve_loss_impl(cfg, precision.device), loss_kernel=cfg.loss_kernel)
 
 
 @dataclass
@@ -131,7 +146,10 @@ class Trainer:
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
         self.precision = resolve_precision(cfg, self.device)
-        self.logprob_impl = resolve_loss_impl(cfg, self.device)
+        self.rl_settings = rl_settings(cfg, self.precision)
+        if cfg.gpu_memory_limit_gib is not None:
+            total = torch.cuda.get_device_properties(self.device).total_memory
+            torch.cuda.set_per_process_memory_fraction(cfg.gpu_memory_limit_gib * 2**30 / total, self.device)
         resume_path = ckpt.find_resume_state(cfg.resume, cfg.work_dir) if cfg.resume else None
         resume_state = ckpt.load_resume_state(resume_path) if resume_path else None
         self.run_dir = (resume_state["run_dir"] if resume_state else
@@ -187,6 +205,9 @@ class Trainer:
         with model_ref_errors(cfg, "reference"):
             reference = load_decoder(cfg.reference or cfg.actor, dtype=compute, device=device)
         reference.requires_grad_(False).eval()
+        if cfg.gen_max_length > max_rope_positions(actor.config):
+            raise ConfigError(f"gen_max_length in {cfg.config_path}: {cfg.gen_max_length} is above the "
+                              f"{max_rope_positions(actor.config)} positions the actor's rope table covers")
         token_rm = None
         if cfg.token_level_rm is not None:
             with model_ref_errors(cfg, "token_level_rm"):
@@ -328,24 +349,16 @@ class Trainer:
             log.warning(msg)
             self.metrics.log_text(f"WARNING {msg}")
             return None
-        device = self.device
-        norm = global_normalisers(
-            torch.tensor([t.num_actions for t in kept], device=device),
-            torch.tensor([t.reward for t in kept], device=device))
-        total = None
-        for micro in make_micro_batches(kept, self.cfg.rl_mirco_batch):
-            sums = rl_micro_step(self.models, micro.to(device), norm, self.cfg, self.precision,
-                                 update_actor=update_actor, logprob_impl=self.logprob_impl)
-            total = sums if total is None else MicroStepSums(*(a + b for a, b in zip(total, sums)))
-        return total
+        return rl_phase(self.models, kept, self.rl_settings, micro_batch_size=self.cfg.rl_mirco_batch,
+                        token_budget=self.cfg.rl_micro_batch_tokens, update_actor=update_actor)
 
     def optimizer_steps(self, update_actor: bool) -> tuple[float, float]:
         """Clip (pre-clip norms returned) and one AdamW step per trained model (4.12)."""
         actor_norm = rm_norm = 0.0
         if update_actor:
-            actor_norm = _clip_and_step(self.models.actor, self.actor_optimizer, self.cfg.max_grad_norm)
+            actor_norm = float(clip_and_step(self.models.actor, self.actor_optimizer, self.cfg.max_grad_norm))
         if self.models.token_rm is not None:
-            rm_norm = _clip_and_step(self.models.token_rm, self.rm_optimizer, self.cfg.max_grad_norm)
+            rm_norm = float(clip_and_step(self.models.token_rm, self.rm_optimizer, self.cfg.max_grad_norm))
         return actor_norm, rm_norm
 
     # ----------------------------------------------------------------------------------------
@@ -458,7 +471,7 @@ class Trainer:
         every = cfg.checkpoint_every()
         self.metrics.log_text(f"run {self.run_dir}: config {cfg.config_path}, {self.total_steps} steps, "
                               f"device {self.device}, compute {self.precision.compute_dtype}, "
-                              f"logprobs {self.logprob_impl}")
+                              f"LM-head kernels {self.rl_settings.loss_kernel} ({self.rl_settings.impl})")
         self._progress = tqdm(range(self.start_step, self.total_steps), initial=self.start_step,
                               total=self.total_steps, desc="oreal", unit="step", file=sys.stderr)
         try:
@@ -480,14 +493,6 @@ class Trainer:
 
 def _or(value, default):
     return default if value is None else value
-
-
-def _clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> float:
-    """Global L2 clip with coefficient min(1, max_norm / (norm + 1e-6)), AdamW step, zero grads."""
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return float(norm)
 
 
 def _peak_memory_gib(device: torch.device) -> float:
