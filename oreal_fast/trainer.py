@@ -254,19 +254,19 @@ class Trainer:
         """One RL step; returns its metrics (official keys first)."""
         cfg = self.cfg
         t_start = time.perf_counter()
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
+        peaks = PhasePeaks(self.device)
         actor_lr, rm_lr = self.step_schedulers(step)                                    # 4.1, 4.13
         update_actor = step >= cfg.actor_freeze_steps                                   # 4.1, 4.14
         self._phase("generate")
         batch, gen_time = self.generate(step)                                           # 3.4, 3.5, 4.2
+        peaks.end_phase("gen")
         self._phase("judge")
         with ThreadPoolExecutor(max_workers=1) as pool:                                 # 4.3 runs while
-            judging = pool.submit(self.judge, batch)                                    # 4.6 repacks
+            judging = pool.submit(_timed, self.judge, batch)                            # 4.6 repacks
             t_infer = time.perf_counter()
             trajectories = self.build_trajectories(batch)                               # 4.6
             infer_time = time.perf_counter() - t_infer
-            rewards, judge_counters = judging.result()
+            (rewards, judge_counters), judge_time = judging.result()
         advantages = compute_advantages(torch.tensor(rewards), cfg.prompt_repeat_k, cfg.reward_shaping_type)  # 4.4
         for t, r, a in zip(trajectories, rewards, advantages.tolist()):
             t.reward, t.advantage = r, a
@@ -278,11 +278,12 @@ class Trainer:
         sums = self.rl_phase(kept, update_actor)                                        # 4.7 - 4.11
         actor_grad_norm, rm_grad_norm = self.optimizer_steps(update_actor and bool(kept))  # 4.12
         rl_time = time.perf_counter() - t_rl
+        peaks.end_phase("rl")
         return self._step_metrics(
-            step, batch, rewards, kept, sums, judge_counters,
+            step, batch, rewards, kept, sums, judge_counters, peaks,
             actor_lr=actor_lr if update_actor else 0.0, rm_lr=rm_lr,
             actor_grad_norm=actor_grad_norm, rm_grad_norm=rm_grad_norm,
-            gen_time=gen_time, infer_time=infer_time, rl_time=rl_time,
+            gen_time=gen_time, judge_time=judge_time, infer_time=infer_time, rl_time=rl_time,
             total_time=time.perf_counter() - t_start,
         )
 
@@ -373,8 +374,9 @@ class Trainer:
             for t in kept
         ]
 
-    def _step_metrics(self, step, batch, rewards, kept, sums, judge_counters, *, actor_lr, rm_lr,
-                      actor_grad_norm, rm_grad_norm, gen_time, infer_time, rl_time, total_time) -> dict:
+    def _step_metrics(self, step, batch, rewards, kept, sums, judge_counters, peaks, *, actor_lr, rm_lr,
+                      actor_grad_norm, rm_grad_norm, gen_time, judge_time, infer_time, rl_time,
+                      total_time) -> dict:
         """The official keys of 5.1 (dp = 1, so every one is global), then ours."""
         zero = torch.zeros(())
         if sums is None:
@@ -401,7 +403,7 @@ class Trainer:
             "kl_penalty_loss": values["kl_penalty_loss"],
             "rl_loss": values["positive_loss"] + values["negative_loss"] + values["kl_penalty_loss"],
             "token_level_rm_loss": values["token_level_rm_loss"],
-            "max_memory": _peak_memory_gib(self.device),
+            "max_memory": peaks.step_peak(),
             "avg_new_tokens": sum(len(r) for r in batch.response_ids) / len(batch.response_ids),
             "num_rl_tokens": num_rl_tokens,
             "infer_tgs": int(num_gen_tokens / max(infer_time, 1e-9)),
@@ -414,6 +416,8 @@ class Trainer:
             # ours, after the official keys
             "num_kept": len(kept),
             "gen_tgs": int(sum(len(r) for r in batch.response_ids) / max(gen_time, 1e-9)),
+            "judge_time": judge_time,
+            **{f"max_memory_{name}": gib for name, gib in peaks.phases.items()},
             **{f"judger_{k}": v for k, v in judge_counters.items()},
         }
         return metrics
@@ -495,11 +499,31 @@ def _or(value, default):
     return default if value is None else value
 
 
-def _peak_memory_gib(device: torch.device) -> float:
-    """Peak allocated GPU memory of the step; on CPU the process's peak resident size."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+class PhasePeaks:
+    """Peak memory of each phase of a step (GiB): allocated GPU memory, reset between phases; on CPU
+    the process's peak resident size so far (which only grows)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.phases: dict[str, float] = {}
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def end_phase(self, name: str) -> None:
+        if self.device.type == "cuda":
+            self.phases[name] = torch.cuda.max_memory_allocated(self.device) / 2**30
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            self.phases[name] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+    def step_peak(self) -> float:
+        return max(self.phases.values())
+
+
+def _timed(fn, *args):
+    """(fn(*args), seconds it took)."""
+    t0 = time.perf_counter()
+    return fn(*args), time.perf_counter() - t0
 
 
 def train(cfg: TrainConfig) -> str:

@@ -20,14 +20,10 @@ import torch
 from oreal_fast.config import load_config
 from oreal_fast.trainer import Trainer
 
-from conftest import make_tokenizer
+from conftest import make_tokenizer, reproducible
 from test_step import write_config
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="the trainer loop on a GPU needs CUDA")
-
-NOT_REPRODUCIBLE = {"max_memory", "infer_tgs", "rl_tgs", "gen_tgs", "gen_time", "infer_time",
-                    "rl_time", "total_time", "eta"}
-
 
 @pytest.fixture(scope="module")
 def gpu_model_dir(tmp_path_factory) -> str:
@@ -68,7 +64,7 @@ def _config(tmp_path, model_dir, prompt_file) -> str:
 
 def _rows(run_dir: str) -> list[dict]:
     with open(os.path.join(run_dir, "rank0.log.jsonl")) as f:
-        return [{k: v for k, v in json.loads(line).items() if k not in NOT_REPRODUCIBLE} for line in f]
+        return [reproducible(json.loads(line)) for line in f]
 
 
 def _assert_rows_match(got: list[dict], expected: list[dict]) -> None:
