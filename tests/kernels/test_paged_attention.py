@@ -12,7 +12,6 @@ import importlib
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from oreal_fast.kernels import paged_decode_attention, paged_decode_attention_eager
 
@@ -75,13 +74,16 @@ def _truth(q, k_ref, v_ref, lens, scale):
 
 
 def _lowp_reference(q, k_ref, v_ref, lens, scale):
-    """Dense SDPA in the inputs' dtype over the contiguous padded reference: the peer's error."""
-    L = k_ref.shape[1]
+    """Dense attention over the contiguous padded reference as a flash kernel in q's dtype does
+    it: fp32 scores and softmax, probabilities rounded to q's dtype for P @ V, output rounded."""
+    B, Hq, D = q.shape
+    L, Hkv = k_ref.shape[1], k_ref.shape[2]
     keep = torch.arange(L, device=q.device)[None, :] < torch.tensor(lens, device=q.device)[:, None]
-    o = F.scaled_dot_product_attention(
-        q[:, :, None], k_ref.transpose(1, 2), v_ref.transpose(1, 2), attn_mask=keep[:, None, None, :],
-        scale=scale, enable_gqa=True)  # (B, Hq, 1, D)
-    return o[:, :, 0]
+    qg = q.float().view(B, Hkv, Hq // Hkv, D)
+    s = torch.einsum("bhgd,blhd->bhgl", qg, k_ref.float()) * scale
+    p = s.masked_fill(~keep[:, None, None, :], float("-inf")).softmax(-1).to(q.dtype).float()
+    o = torch.einsum("bhgl,blhd->bhgd", p, v_ref.float())  # (B, Hkv, G, D)
+    return o.reshape(B, Hq, D).to(q.dtype)
 
 
 def _rel_err(got, ref):
@@ -201,8 +203,8 @@ def test_bad_arguments_name_the_fault(change, match):
         paged_decode_attention(*args.values(), **kwargs)
 
 
-# GPU: bf16 at real shapes. The margin is about a tenth of bf16's output rounding (2^-9).
-BF16_MARGIN = 2e-4
+# GPU: bf16 at real shapes. The margin is about a fifth of bf16's rounding of one output (2^-9).
+BF16_MARGIN = 4e-4
 REAL_HEADS = [(14, 2, 64), (28, 4, 128), (8, 8, 64)]  # Qwen2.5-0.5B, Qwen2.5-7B, no GQA
 
 
