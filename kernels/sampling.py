@@ -13,10 +13,10 @@ Here the kept set is found by searching in value space, and the token is drawn b
 from one caller-made uniform u per row: the first index i, in vocabulary order, whose running
 kept mass exceeds u * kept_mass. One Triton program owns one row and streams it several times:
 
-1. statistics: row max m (and the sum of exponentials, or the smallest finite logit and the
-   number of finite logits when top-k is on);
+1. statistics: row max m (and the smallest finite logit and the number of finite logits when
+   top-k is on);
 2. top-k: a selection of the k-th largest value (`_select` with unit weights);
-3. top-k: the kept mass S_k = sum of exp over x >= k-th (only when top-k is on);
+3. the kept mass S_k = sum of exp((x - m) / temperature) over x >= k-th (all x without top-k);
 4. top-p: a selection of the threshold t, the largest logit with mass(x >= t) >= top_p * S_k;
 5. the inverse CDF, which stops at the chunk where the running mass crosses u * kept_mass.
 
@@ -26,8 +26,8 @@ the mass exp((x - m) / temperature) (top-p), keeping a bracket [lo, hi) with W(x
 value and `_NUM_KEY_PIVOTS` spaced evenly in the fp32 bit pattern (the value pivots converge fast
 on ordinary rows; the bit-pattern ones bound the number of passes on any row, e.g. one holding
 -1e30 masked logits), and also "peels" the largest value v1 below hi with its weight: if
-W(x >= hi) + W(x == v1) >= target, v1 is the answer, exactly, and W(x > v1) = W(x >= hi). Chunks
-holding no value in the bracket skip all but a max-reduction. The official rule keeps a top-p
+W(x >= hi) + W(x == v1) >= target, v1 is the answer, exactly, and W(x > v1) = W(x >= hi). The
+passes are elementwise per lane, with one reduction at their end. The official rule keeps a top-p
 token iff the mass of the tokens sorted above it is < top_p: the tokens strictly above t, then
 as many tokens tied at t as that takes, n = ceil((top_p * S_k - W(x > t)) / e(t)); which tied
 tokens torch.sort puts first is unspecified, and here they are the n of lowest vocabulary index.
@@ -36,16 +36,17 @@ Invariant: for continuous logits the result is `sample_from_logits_eager`'s, tok
 except where u * kept_mass or the top-p mass lies within fp32 round-off of a boundary; as a
 distribution it is the official one.
 
-Budget (one row of V logits; every pass reads the row from memory or L2): pass 1, then for
-top-k 1 + (usually 2-4) + 1 passes, for top-p usually 1-4 passes (one when the most likely token
-alone reaches top_p; at most about 16 on any row, see `_MAX_PASSES`), then on average half a
-pass for the draw. Top-p 0.9 alone on LLM-like rows: about 3-6 passes. Per element and search
-pass: one exp2 (mass searches only) and ~3 operations per pivot. All sums, the max, the masses
+Budget (one row of V logits; every pass reads the row from memory or L2): pass 1, for top-k
+its search (usually 2-4 passes), one pass for the kept mass, for top-p usually 1-4 passes (one
+when the most likely token alone reaches top_p; at most 22 on any row, see `_MAX_PASSES`), then
+on average half a pass for the draw. Per element and search pass: one exp2 (mass searches only) and ~3 operations per pivot. All sums, the max, the masses
 and the counts (exact below 2^24 > V) are fp32. Allocated: the [B] int64 output only; no [B, V]
 tensor, no workspace, no host sync, no allocation that depends on data, so the call can be
 captured in a CUDA graph.
 
-Limits: one program per row, so a batch below the number of multiprocessors leaves some idle.
+Limits: one program per row, so a batch below the number of multiprocessors leaves some idle,
+and above it the search passes are bound by arithmetic (~3 operations per pivot per element),
+not by memory: the time grows with B times the number of passes.
 Ties are decided on the logits as given, before the temperature (the official code divides first;
 for bf16/fp16 logits the order is the same, for fp32 logits the division can merge neighbours
 1 ulp apart). Logits must be finite or -inf (NaN or +inf rows give an unspecified token in
@@ -68,7 +69,11 @@ _NUM_KEY_PIVOTS = 2
 # Bit-pattern bisection splits the bracket into _NUM_KEY_PIVOTS + 1 parts per pass, so 32 bits
 # take at most ceil(32 / log2(3)) + 1 = 22 passes; the cap only ends NaN rows.
 _MAX_PASSES = 24
-_BLOCK_CUDA, _NUM_WARPS_CUDA = 2048, 8
+# Picked on an H200 among 1024-4096 x 4-16 warps x 4-16 pivots (B 64-1024, V = 151936, bf16).
+_BLOCK_CUDA, _NUM_WARPS_CUDA = 4096, 8
+# The draw reduces once per chunk (it must find the crossing chunk in order), so its chunks are
+# wider: fewer serial steps per row.
+_DRAW_BLOCK_CUDA = 16384
 # The interpreter cuts each row into about this many chunks, whatever V: the CPU tests cross
 # chunk boundaries at every V and stay fast (its cost grows with the number of chunks).
 _INTERPRET_CHUNKS = 4
@@ -99,35 +104,38 @@ def _pivots(lo, hi, NV: tl.constexpr, NK: tl.constexpr):
 
 
 @triton.jit
-def _search_pass(row_ptr, V, m, c2, lo, hi, piv, MASS: tl.constexpr, BLOCK: tl.constexpr):
-    """One pass: sum over lo <= x < hi of W(x >= pivot) for each pivot, and the largest value
-    v1 < hi with its weight and count."""
-    acc = tl.zeros(piv.shape, tl.float32)
-    v1 = -_INF
-    w1 = 0.0
-    c1 = 0.0
+def _search_pass(row_ptr, V, m, c2, hi, piv, MASS: tl.constexpr, BLOCK: tl.constexpr):
+    """One pass: sum over x < hi of W(x >= pivot) for each pivot, and the largest value
+    v1 < hi with its weight and count.
+
+    The loop is elementwise only: every lane keeps its own sums and its own (max, weight, count)
+    and the pass reduces them once at the end, so chunks do not wait on cross-warp reductions.
+    """
+    acc = tl.zeros([piv.shape[0], BLOCK], tl.float32)
+    lane_max = tl.full([BLOCK], -float("inf"), tl.float32)
+    lane_w = tl.zeros([BLOCK], tl.float32)
+    lane_c = tl.zeros([BLOCK], tl.float32)
     for v0 in range(0, V, BLOCK):
         offs = v0 + tl.arange(0, BLOCK)
         x = tl.load(row_ptr + offs, mask=offs < V, other=-float("inf")).to(tl.float32)
         below = x < hi
-        cm = tl.max(tl.where(below, x, -_INF), 0)
-        # Only values in [lo, hi) change the bracket's sums or the peeled value.
-        if cm >= lo:
-            if MASS:
-                # Every pass writes a weight as exp2((x - m) * c2), the same expression, so a
-                # value's weight is bit-identical in every pass and the bracket stays consistent.
-                w = tl.exp2((x - m) * c2)
-            else:
-                w = tl.full([BLOCK], 1.0, tl.float32)
-            w_below = tl.where(below, w, 0.0)
-            acc += tl.sum(tl.where(x[None, :] >= piv[:, None], w_below[None, :], 0.0), 1)
-            eq = x == cm  # cm < hi, so eq implies below; masked lanes (-inf) never equal cm >= lo
-            w_eq = tl.sum(tl.where(eq, w, 0.0), 0)
-            c_eq = tl.sum(eq.to(tl.float32), 0)
-            w1 = tl.where(cm > v1, w_eq, tl.where(cm == v1, w1 + w_eq, w1))
-            c1 = tl.where(cm > v1, c_eq, tl.where(cm == v1, c1 + c_eq, c1))
-            v1 = tl.maximum(v1, cm)
-    return acc, v1, w1, c1
+        if MASS:
+            # Every pass writes a weight as exp2((x - m) * c2), the same expression, so a
+            # value's weight is bit-identical in every pass and the bracket stays consistent.
+            w = tl.where(below, tl.exp2((x - m) * c2), 0.0)
+        else:
+            w = below.to(tl.float32)
+        acc += tl.where(x[None, :] >= piv[:, None], w[None, :], 0.0)
+        xb = tl.where(below, x, -float("inf"))
+        gt = xb > lane_max
+        eq = xb == lane_max
+        lane_w = tl.where(gt, w, tl.where(eq, lane_w + w, lane_w))
+        lane_c = tl.where(gt, 1.0, tl.where(eq, lane_c + 1.0, lane_c))
+        lane_max = tl.maximum(lane_max, xb)
+    v1 = tl.max(lane_max, 0)
+    # Lanes still at -inf never match a v1 >= lo, the only v1 the caller uses.
+    top = lane_max == v1
+    return tl.sum(acc, 1), v1, tl.sum(tl.where(top, lane_w, 0.0), 0), tl.sum(tl.where(top, lane_c, 0.0), 0)
 
 
 @triton.jit
@@ -147,7 +155,7 @@ def _select(row_ptr, V, m, c2, lo, target, MASS: tl.constexpr, NV: tl.constexpr,
     done = 0
     while done == 0:
         piv = _pivots(lo, tl.minimum(hi, m), NV, NK)
-        acc, v1, w1, c1 = _search_pass(row_ptr, V, m, c2, lo, hi, piv, MASS, BLOCK)
+        acc, v1, w1, c1 = _search_pass(row_ptr, V, m, c2, hi, piv, MASS, BLOCK)
         it += 1
         # v1 <= lo: the bracket holds one value (or fp32 round-off emptied it); the cap ends NaN rows.
         if (w_hi + w1 >= target) | (v1 <= lo) | (it >= MAX_PASSES):
@@ -219,41 +227,40 @@ def _inverse_cdf(row_ptr, V, m, c2, t, num_ties, target, PARTIAL: tl.constexpr,
 def _sample_kernel(
     X_ptr, U_ptr, Out_ptr, V, stride_xb, c2, top_k, top_p,
     TOP_K: tl.constexpr, TOP_P: tl.constexpr, NV: tl.constexpr, NK: tl.constexpr,
-    BLOCK: tl.constexpr, MAX_PASSES: tl.constexpr,
+    BLOCK: tl.constexpr, DRAW_BLOCK: tl.constexpr, MAX_PASSES: tl.constexpr,
 ):
     row = tl.program_id(0)
     row_ptr = X_ptr + row.to(tl.int64) * stride_xb  # int64: B * stride overflows int32
 
-    # Pass 1: max, and the sum of exponentials (no top-k) or the finite range (top-k).
-    m = _NEG_BIG
-    total = 0.0
-    fin_min = _INF
-    num_fin = 0.0
+    # Pass 1: the max (and the finite range for top-k), lane by lane, reduced once.
+    lane_max = tl.full([BLOCK], _NEG_BIG, tl.float32)
+    lane_min = tl.full([BLOCK], float("inf"), tl.float32)
+    lane_fin = tl.zeros([BLOCK], tl.float32)
     for v0 in range(0, V, BLOCK):
         offs = v0 + tl.arange(0, BLOCK)
         x = tl.load(row_ptr + offs, mask=offs < V, other=-float("inf")).to(tl.float32)
-        m_new = tl.maximum(m, tl.max(x, 0))
+        lane_max = tl.maximum(lane_max, x)
         if TOP_K:
-            fin = x > -_INF
-            fin_min = tl.minimum(fin_min, tl.min(tl.where(fin, x, _INF), 0))
-            num_fin += tl.sum(fin.to(tl.float32), 0)
-        else:
-            total = total * tl.exp2((m - m_new) * c2) + tl.sum(tl.exp2((x - m_new) * c2), 0)
-        m = m_new
+            fin = x > -float("inf")
+            lane_min = tl.minimum(lane_min, tl.where(fin, x, float("inf")))
+            lane_fin += fin.to(tl.float32)
+    m = tl.max(lane_max, 0)
 
-    t = -_INF  # kept: x > t, plus num_ties tokens tied at t (all of them unless PARTIAL)
+    t = -_INF  # kept: x > t, plus num_ties tokens tied at t (all of them unless partial)
     num_kept = V * 1.0
     if TOP_K:
-        k = tl.minimum(top_k * 1.0, num_fin)
-        kth, above, count, _ = _select(row_ptr, V, m, c2, fin_min, k, False, NV, NK, BLOCK,
-                                       MAX_PASSES)
+        k = tl.minimum(top_k * 1.0, tl.sum(lane_fin, 0))
+        kth, above, count, _ = _select(row_ptr, V, m, c2, tl.min(lane_min, 0), k, False, NV, NK,
+                                       BLOCK, MAX_PASSES)
         t = kth
         num_kept = above + count
-        total = 0.0
-        for v0 in range(0, V, BLOCK):
-            offs = v0 + tl.arange(0, BLOCK)
-            x = tl.load(row_ptr + offs, mask=offs < V, other=-float("inf")).to(tl.float32)
-            total += tl.sum(tl.where(x >= kth, tl.exp2((x - m) * c2), 0.0), 0)
+    # The kept mass so far: sum of exp over x >= t.
+    lane_s = tl.zeros([BLOCK], tl.float32)
+    for v0 in range(0, V, BLOCK):
+        offs = v0 + tl.arange(0, BLOCK)
+        x = tl.load(row_ptr + offs, mask=offs < V, other=-float("inf")).to(tl.float32)
+        lane_s += tl.where(x >= t, tl.exp2((x - m) * c2), 0.0)
+    total = tl.sum(lane_s, 0)
 
     u = tl.load(U_ptr + row)
     if TOP_P:
@@ -268,11 +275,11 @@ def _sample_kernel(
         kept_mass = tl.where(num_ties == count, above + w_t, above + num_ties * e_t)
         if num_ties < count:
             token = _inverse_cdf(row_ptr, V, m, c2, tp, num_ties.to(tl.int32), u * kept_mass,
-                                 True, BLOCK)
+                                 True, DRAW_BLOCK)
         else:
-            token = _inverse_cdf(row_ptr, V, m, c2, tp, 0, u * kept_mass, False, BLOCK)
+            token = _inverse_cdf(row_ptr, V, m, c2, tp, 0, u * kept_mass, False, DRAW_BLOCK)
     else:
-        token = _inverse_cdf(row_ptr, V, m, c2, t, 0, u * total, False, BLOCK)
+        token = _inverse_cdf(row_ptr, V, m, c2, t, 0, u * total, False, DRAW_BLOCK)
     tl.store(Out_ptr + row, tl.minimum(token, V - 1).to(tl.int64))
 
 
@@ -338,10 +345,11 @@ def sample_from_logits(
         return tokens
     on_cuda = logits.device.type == "cuda"
     block = _BLOCK_CUDA if on_cuda else max(16, triton.next_power_of_2(-(-V // _INTERPRET_CHUNKS)))
+    draw_block = _DRAW_BLOCK_CUDA if on_cuda else block
     _sample_kernel[(B,)](
         logits, uniform, tokens, V, logits.stride(0), _LOG2E / temperature, top_k, top_p,
         TOP_K=0 < top_k < V, TOP_P=top_p < 1.0, NV=_NUM_VALUE_PIVOTS, NK=_NUM_KEY_PIVOTS,
-        BLOCK=block, MAX_PASSES=_MAX_PASSES,
+        BLOCK=block, DRAW_BLOCK=draw_block, MAX_PASSES=_MAX_PASSES,
         num_warps=_NUM_WARPS_CUDA if on_cuda else 1,
     )
     return tokens

@@ -227,8 +227,10 @@ def test_bf16_qwen_vocabulary(temperature, top_k, top_p, poison_cuda_allocator):
     ref = sample_from_logits_eager(x, u, **kw)
     assert smp.kept_mask_eager(x, **kw).gather(1, got[:, None]).all(), "a token outside the kept set"
     # A row may differ only where u * mass or the top-p mass falls within fp32 round-off of a
-    # boundary: about 1e-6 relative at this V, against boundary gaps of 1e-4 or more here.
-    assert int((got != ref).sum()) <= 2, f"rows differ: {(got != ref).nonzero().flatten().tolist()}"
+    # boundary: the kernel's fp32 sums over 151936 terms carry ~1e-6 relative error, against
+    # token masses of 1e-5-1e-3 here, so about 1 % of rows (measured on an H200: 0-3 of 256).
+    # A wrong kernel differs on most rows.
+    assert int((got != ref).sum()) <= 8, f"rows differ: {(got != ref).nonzero().flatten().tolist()}"
 
 
 @needs_cuda
