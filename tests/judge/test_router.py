@@ -47,7 +47,7 @@ def test_every_server_behaviour_ends_in_its_reward_in_order(server, switch, expe
     assert out.rewards == [float(x) for x in expected]
     assert out.counters == {
         "rule_confirmed": 1, "verifier_calls": 7, "verifier_failures": failures,
-        "rule_timeouts": 0, "no_stop_word": 1,
+        "rule_timeouts": 0, "no_stop_word": 1, "invalid_items": 0,
     }
     # A call without a grade is tried max_retries (2) times; a graded one once. The hung
     # request returned because the client gave up on both attempts (its read timeout).
@@ -166,3 +166,23 @@ def test_timed_out_rule_check_goes_to_the_verifier(server):
         out = r.judge([JudgeItem("Q REPLY=A", r"\boxed{10^{10^{10}}+1}" + E, "5")])
     assert out.rewards == [1.0]
     assert (out.counters["rule_timeouts"], out.counters["verifier_calls"]) == (1, 1)
+
+
+def test_an_item_that_cannot_be_judged_costs_one_counted_failure_not_the_batch(server):
+    items = [
+        _miss("A"),
+        JudgeItem("Q", None, "5"),  # no response
+        JudgeItem("Q", r"\boxed{None}" + E, None),  # no gold: str(None) must not match
+        JudgeItem("Q REPLY=A", r"\boxed{7}" + E, "  "),  # blank gold
+        JudgeItem(None, r"\boxed{3}" + E, "3"),
+        None,
+        JudgeItem("Q", r"\boxed{3}" + E, "3"),
+    ]
+    with _router([server.host]) as r:
+        out = r.judge(items)
+    assert out.rewards == [1.0, -1.0, -1.0, -1.0, -1.0, -1.0, 1.0]
+    assert out.counters == {
+        "rule_confirmed": 1, "verifier_calls": 1, "verifier_failures": 0,
+        "rule_timeouts": 0, "no_stop_word": 0, "invalid_items": 5,
+    }
+    assert server.kinds() == ["A"]  # the bad items never reached the verifier
