@@ -19,8 +19,8 @@ towers are equal iff their (r, E) are; E is an exact integer, the full value nev
 What it does not: no comparison of anything but towers; a rewrite never makes two different
 answers equal (it only changes how one written answer is read).
 
-Invariant: every function returns within time linear in its input (the towers' exponents
-are capped at `_MAX_EXPONENT_BITS`); none raises on any str.
+Invariant: every function returns in about linear time in its input (a tower's exponents
+are evaluated only up to `_MAX_EXPONENT_BITS`); none raises on any str.
 """
 
 import re
@@ -43,8 +43,8 @@ _SENTENCE_END = re.compile(r"\.(?=\s|$)|。|\n")
 # A word answer (names, days): compared as text, never as a formula (a text comparison of
 # formulas would accept \\frac{12}{3} for \\frac{1}{23}).
 WORDS = re.compile(r"[A-Za-z][A-Za-z' -]*")
-# Two letters in a row that are not part of a command name: English, not math.
-_PROSE_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
+# Two letters in a row that are not part of a command name, or any CJK character: prose.
+_PROSE_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}|[\u3040-\u30ff\u4e00-\u9fff]")
 _TEXT_GROUP = re.compile(r"\\(?:text|mathrm|mbox)\{[^{}]*\}")
 
 
@@ -139,6 +139,7 @@ def _box(text: str, start: int, end: int) -> str | None:
 # Exponents are evaluated exactly up to this size; a tower needing more is undecided.
 _MAX_EXPONENT_BITS = 1 << 20
 _MAX_DIGITS = 200  # per integer literal
+_DIGITS = re.compile(r"\d+")
 
 
 class _Undecided(Exception):
@@ -154,7 +155,7 @@ def _parse_tower(s: str, i: int = 0) -> tuple[object, int]:
             raise _Undecided
         j += 1
     else:
-        m = re.compile(r"\d+").match(s, i)
+        m = _DIGITS.match(s, i)
         if not m or len(m[0]) > _MAX_DIGITS:
             raise _Undecided
         base, j = int(m[0]), m.end()

@@ -52,6 +52,8 @@ def test_brace_boxes(text, want):
         ("The answer is 10 \\text{ cm}.", "The answer is \\boxed{10 \\text{ cm}}."),
         ("The answer is Monday.", r"The answer is \boxed{Monday}."),
         ("The answer is 5, since 2 + 3 = 5.", None),
+        ("答案是不是5。", None),
+        ("最终答案为 5", r"最终答案为 \boxed{5}"),
         ("The answer is:\n$$5$$", "The answer is:\n\\boxed{5}"),  # display math on the next line
         ("The answer is .", "The answer is ."),  # empty: untouched
         ("no sentence, just 5", "no sentence, just 5"),
