@@ -170,8 +170,9 @@ class Router:
                 counters["verifier_failures"] += 1
             rewards[i] = 1.0 if grade else -1.0
         if counters["invalid_items"]:
-            log.warning("judger: %d of %d item(s) without a str question, response and gold answer"
-                        " scored -1", counters["invalid_items"], len(items))
+            log.warning("judger: %d of %d item(s) scored -1 unjudged: a question, response or gold"
+                        " answer that is not a string, or a blank gold answer",
+                        counters["invalid_items"], len(items))
         return JudgeOutcome(rewards=[float(r) for r in rewards], counters=counters)
 
     def _settings_for(self, item: JudgeItem) -> MathJudgerSettings:
