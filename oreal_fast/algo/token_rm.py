@@ -11,9 +11,14 @@ Where we differ from the official trainer:
    official code scans in bf16 and rounds every partial sum (about 0.4 % relative error over
    10^4 tokens); weights therefore differ from the official ones by bf16 noise only.
 2. ``topk_rescale`` keeps at least one token per sequence (K = max(int(R * ratio), 1)) where
-   the official code crashes on K = 0, and a selection whose values are all equal gets weight
-   1 (the official min-max would divide by 0). Among tied values the earliest tokens are
-   selected (torch.topk leaves the choice unspecified).
+   the official code crashes on K = 0. As in the official code, a selection whose values are
+   all equal gets weight 1. Among tied values the earliest tokens are selected (torch.topk
+   leaves the choice unspecified).
+3. ``topk_rescale``'s min-max of probabilities is computed exactly from the logits (fp64, log
+   space) where the official code subtracts bf16 sigmoids. For a confident RM the sigmoids
+   sit within a few ulps of 1 and their differences are mostly rounding: running means 10,
+   11, 12 give the middle token 0.7325 from fp32 sigmoids (1.0 at 16, 17, 18) for the exact
+   0.7311 = sigmoid(1).
 Invariant: weights are in [0, 1], detached, fp32, in packed token order.
 """
 
@@ -109,25 +114,41 @@ def threshold_weights(
     return w_pos, w_neg
 
 
-def _topk_minmax(q: torch.Tensor, cu_seqlens: torch.Tensor, ratio: float) -> torch.Tensor:
-    """Per sequence: min-max of its top-K values of ``q`` (others 0), K = max(int(R*ratio), 1)."""
-    t = q.numel()
+def _sigmoid_minmax(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """``(sigmoid(x) - sigmoid(lo)) / (sigmoid(hi) - sigmoid(lo))`` for ``lo <= x <= hi``, fp64.
+
+    Uses ``sigmoid(a) - sigmoid(b) = expm1(a - b) sigmoid(b) sigmoid(-a)`` (a >= b), a product
+    without cancellation, in log space so that no factor over- or underflows; 1 where hi == lo.
+    """
+    u, v = x - lo, hi - lo
+    log_w = (u - v) + torch.log(-torch.expm1(-u)) - torch.log(-torch.expm1(-v))
+    log_w = log_w + F.logsigmoid(-x) - F.logsigmoid(-hi)
+    return torch.where(v > 0, torch.exp(log_w).clamp(max=1.0), 1.0)
+
+
+def _topk_minmax(x: torch.Tensor, cu_seqlens: torch.Tensor, ratio: float) -> torch.Tensor:
+    """Per sequence: min-max of ``sigmoid(x)`` over its top-K values of ``x`` (others 0),
+    K = max(int(R*ratio), 1). ``x``: ``[T]`` fp64 logits; returns ``[T]`` fp64.
+
+    sigmoid is increasing, so ranking the logits ranks the probabilities, without the ties
+    that saturated probabilities would create.
+    """
+    t = x.numel()
     cu = cu_seqlens.long()
     seg = segment_ids(cu, t)
     # Sort by value (descending), then stably by sequence: each segment ends up sorted in place.
-    by_value = torch.argsort(q, descending=True, stable=True)
+    by_value = torch.argsort(x, descending=True, stable=True)
     order = by_value[torch.argsort(seg[by_value], stable=True)]
-    q_sorted = q[order]
-    rank = torch.arange(t, device=q.device) - cu[seg]
+    x_sorted = x[order]
+    rank = torch.arange(t, device=x.device) - cu[seg]
     # R * ratio in fp64 equals the official Python float product; int() truncates.
     k = (cu.diff().double() * ratio).floor().long().clamp(min=1)
-    hi = q_sorted[cu[:-1]]
-    lo = q_sorted[cu[:-1] + k - 1]
-    span = (hi - lo)[seg]
-    safe_span = span.clamp(min=torch.finfo(q.dtype).tiny)
-    scaled = torch.where(span > 0, (q_sorted - lo[seg]) / safe_span, 1.0)
-    w_sorted = torch.where(rank < k[seg], scaled, 0.0)
-    return torch.empty_like(q).index_put_((order,), w_sorted)
+    hi = x_sorted[cu[:-1]][seg]
+    lo = x_sorted[cu[:-1] + k - 1][seg]
+    selected = rank < k[seg]
+    # Unselected tokens (x < lo) give NaN inside _sigmoid_minmax; the where discards them.
+    w_sorted = torch.where(selected, _sigmoid_minmax(x_sorted, lo, hi), 0.0)
+    return torch.empty_like(x).index_put_((order,), w_sorted)
 
 
 def topk_weights(
@@ -137,20 +158,22 @@ def topk_weights(
     incorrect_topk_ratio: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``topk_rescale``: per sequence, the top ``ratio`` share of tokens by probability,
-    min-max normalised to [0, 1]; the others 0 (see the module docstring for K and ties).
+    min-max normalised to [0, 1]; the others 0 (see the module docstring for K, ties and the
+    exact min-max).
 
     Args:
         cum_means: ``[T]`` fp32 running means.
         cu_seqlens: ``[M + 1]`` int.
-        correct_topk_ratio: share of tokens ranked by ``sigmoid(c)`` for ``w+``.
-        incorrect_topk_ratio: share ranked by ``1 - sigmoid(c)`` for ``w-``.
+        correct_topk_ratio: share of tokens ranked by ``p+ = sigmoid(c)`` for ``w+``.
+        incorrect_topk_ratio: share ranked by ``p- = 1 - sigmoid(c) = sigmoid(-c)`` for ``w-``.
 
     Returns:
         ``(w_pos [T], w_neg [T])`` fp32.
     """
-    p = torch.sigmoid(cum_means.float())
-    w_pos = _topk_minmax(p, cu_seqlens, correct_topk_ratio)
-    return w_pos, _topk_minmax(1 - p, cu_seqlens, incorrect_topk_ratio)
+    c = cum_means.detach().double()
+    w_pos = _topk_minmax(c, cu_seqlens, correct_topk_ratio)
+    w_neg = _topk_minmax(-c, cu_seqlens, incorrect_topk_ratio)
+    return w_pos.float(), w_neg.float()
 
 
 def rm_token_weights(

@@ -4,8 +4,9 @@ Reference sections 3.1 and 3.2. A record is one math question with its gold answ
 dataset's pass rate (fraction of 16 samples of the SFT model that were correct). What this module
 does not do: tokenise (see ``chat.py``) or order the records (see ``sampler.py``).
 
-Invariant: every record that leaves :func:`load_prompt_records` has a non-empty str question, a str
-gold answer and a finite pass rate in [0, 1]; anything else stops with a :class:`DataError` that
+Invariant: every record that leaves :func:`load_prompt_records` has a non-empty str question, a
+non-empty str gold answer (never None, which the judge would read as the answer "None") and a
+finite pass rate in [0, 1]; anything else stops with a :class:`DataError` that
 names the source, the line (jsonl) or row (dataset), and the field.
 """
 
@@ -121,8 +122,9 @@ def _to_record(row: Any, where: str) -> PromptRecord:
         if not isinstance(value, kinds) or isinstance(value, bool):
             expected = "a number" if name == "pass_rate" else "a string"
             raise DataError(f"{where}: field {name!r} must be {expected}, got {type(value).__name__} {value!r}")
-    if not row["question"].strip():
-        raise DataError(f"{where}: field 'question' is empty")
+    for name in ("question", "gold_answer"):  # a blank gold answer would make every sample -1
+        if not row[name].strip():
+            raise DataError(f"{where}: field {name!r} is empty")
     pass_rate = float(row["pass_rate"])
     if not (math.isfinite(pass_rate) and 0.0 <= pass_rate <= 1.0):
         raise DataError(f"{where}: field 'pass_rate' must be in [0, 1], got {row['pass_rate']!r}")

@@ -13,6 +13,10 @@ Decision per sample (reference 4.3), with the judger the sample's data source ma
    (counted: verifier_calls): graded correct -> +1, wrong -> -1, no grade after the
    retries -> -1 (counted: verifier_failures). With rule_only a miss is -1.
 
+An item whose question, response or gold answer is not a string, or whose gold answer is
+blank, cannot be judged: -1 (counted: invalid_items), without a rule check or a verifier
+call, and the rest of the batch is judged as usual.
+
 Rule checks run in worker processes and verifier calls in threads; a sample whose rule
 check misses goes to the verifier as soon as its verdict arrives, while other checks go on.
 
@@ -24,13 +28,17 @@ returns within bounded time (rule time limits + verifier timeouts and retries).
 
 import concurrent.futures
 import dataclasses
+import logging
 import random
 
 from oreal_fast.judge.pool import RulePool, RuleTask, RuleVerdict
 from oreal_fast.judge.settings import MathJudgerSettings, parse_judger_settings
 from oreal_fast.judge.verifier import VerifierClient
 
-COUNTER_KEYS = ("rule_confirmed", "verifier_calls", "verifier_failures", "rule_timeouts", "no_stop_word")
+COUNTER_KEYS = ("rule_confirmed", "verifier_calls", "verifier_failures", "rule_timeouts", "no_stop_word",
+                "invalid_items")
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +57,20 @@ class JudgeOutcome:
 
     rewards: list[float]
     counters: dict[str, int]
+
+
+def _judgeable(item: object) -> bool:
+    """A JudgeItem with str question and response and a non-blank str gold answer.
+
+    str(None) would make "None" a gold answer that ``\\boxed{None}`` matches.
+    """
+    return (
+        isinstance(item, JudgeItem)
+        and isinstance(item.question, str)
+        and isinstance(item.response_text, str)
+        and isinstance(item.gold_answer, str)
+        and bool(item.gold_answer.strip())
+    )
 
 
 def prepare_text(response_text: str, s: MathJudgerSettings) -> str | None:
@@ -112,6 +134,10 @@ class Router:
         rewards: list[float | None] = [None] * len(items)
         tasks, owners = [], []  # owners[j] = index into items of rule task j
         for i, item in enumerate(items):
+            if not _judgeable(item):
+                rewards[i] = -1.0
+                counters["invalid_items"] += 1
+                continue
             s = self._settings_for(item)
             text = prepare_text(item.response_text, s)
             if text is None:
@@ -143,6 +169,10 @@ class Router:
             if grade is None:
                 counters["verifier_failures"] += 1
             rewards[i] = 1.0 if grade else -1.0
+        if counters["invalid_items"]:
+            log.warning("judger: %d of %d item(s) scored -1 unjudged: a question, response or gold"
+                        " answer that is not a string, or a blank gold answer",
+                        counters["invalid_items"], len(items))
         return JudgeOutcome(rewards=[float(r) for r in rewards], counters=counters)
 
     def _settings_for(self, item: JudgeItem) -> MathJudgerSettings:

@@ -1,4 +1,4 @@
-"""A correct rule checker: math-verify's parser and comparison plus our gold normalisation.
+"""A correct rule checker: math-verify's parser and comparison plus our normalisation.
 
 What it does: `check(text, gold)` extracts the final answer from a post-processed response
 with math-verify (the ``\\boxed{}`` contents, several of them forming one answer, else "final
@@ -8,6 +8,12 @@ units, degrees, ``%``, ``\\$`` and ``\\text{}`` wrappers ignored on both sides, 
 intervals, sets and tuples compared as objects. Gold answers are wrapped in ``$...$`` so that
 math-verify reads them as LaTeX; word answers (names, days) also match as case-insensitive
 text of the last ``\\boxed{}``.
+
+Before that, both sides are normalised so that common right-answer forms parse (thousands
+separators written as spaces, scientific notation, full-width digits, braceless or
+unterminated boxes, answer sentences without a box; see strict_forms.py), and integer power
+towers are compared exactly there. An answer sentence whose answer mixes words with math
+("The answer is not 5.") fails the check rather than read the 5.
 
 What it does not: it has no time limit of its own (math-verify's signal-based limits are
 switched off because they only work in a main thread); callers run it in a worker process
@@ -21,13 +27,19 @@ import re
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
+from oreal_fast.judge.strict_forms import (
+    WORDS,
+    box_answer_sentence,
+    brace_boxes,
+    normalise,
+    towers_equal,
+)
+
 _GOLD_CONFIG = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
 # math-verify warns on every call that its own time limit is off; ours is the worker kill.
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 _TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}")
-# Word answers only: a text comparison of formulas would accept \frac{12}{3} for \frac{1}{23}.
-_WORDS = re.compile(r"[A-Za-z][A-Za-z' -]*")
 
 
 def _gold_latex(gold: str) -> str:
@@ -39,7 +51,7 @@ def _gold_latex(gold: str) -> str:
 def _word(s: str) -> str | None:
     """Lower-case text of a word answer ("\\text{Monday}." -> "monday"); None if not words."""
     s = _TEXT_WRAPPER.sub(r"\1", s).replace("$", "").strip().rstrip(".").strip()
-    return s.lower() if _WORDS.fullmatch(s) else None
+    return s.lower() if WORDS.fullmatch(s) else None
 
 
 def _last_boxed(text: str) -> str | None:
@@ -71,8 +83,16 @@ def _equal(gold: str, answer: str) -> bool:
 def check(text: str, gold: str) -> bool:
     """True iff the final answer of `text` equals `gold` by value."""
     try:
-        text = text.replace("\\fbox{", "\\boxed{")
-        gold = str(gold)
+        text = brace_boxes(normalise(text.replace("\\fbox{", "\\boxed{")))
+        gold = normalise(str(gold))
+        if "\\boxed" not in text:
+            text = box_answer_sentence(text)
+            if text is None:  # "The answer is not 5.": no answer to read
+                return False
+        boxed = _last_boxed(text) if text.count("\\boxed{") == 1 else None
+        tower = None if boxed is None else towers_equal(gold, boxed)
+        if tower is not None:  # exact; math-verify gives up on (or computes for hours on) these
+            return tower
         g = parse(_gold_latex(gold), _GOLD_CONFIG, parsing_timeout=None)
         p = parse(text, parsing_timeout=None)
         if g and p and verify(g, p, timeout_seconds=None):

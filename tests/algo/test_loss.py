@@ -12,6 +12,7 @@ from oreal_fast.algo import (
     oreal_actor_loss,
     oreal_logprob_grad,
 )
+from oreal_fast.algo import loss as loss_module
 
 H, V = 8, 11
 LENS = [3, 4, 2]  # positive, negative, negative
@@ -184,3 +185,37 @@ def test_metrics_official_definitions():
     assert m["avg_adv"].item() == pytest.approx((1.6 - 8 / 15) / 5, rel=1e-6)
     assert m["avg_gen_entropy"].item() == pytest.approx(7.0 / 5, rel=1e-6)
     assert m["avg_ref_kl"].item() == pytest.approx((0.5 + 0 - 1 + 0.5 - 0.5) / 5, rel=1e-6)
+
+
+def _k3_series(d: float) -> float:
+    """exp(d) - d - 1 = sum_{n>=2} d^n / n!, summed in fp64 (no cancellation for |d| <= 1)."""
+    return sum(d**n / math.factorial(n) for n in range(2, 25))
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_k3_value_and_grad_vs_fp64_for_close_policies(sign):
+    # |d| = 1e-4 is the first steps after the freeze: fp32 exp(d) - d - 1 is all rounding there.
+    lp = torch.tensor([-1.0, -0.5, -2.0, -0.25])
+    ref = lp + sign * torch.tensor([1e-6, 1e-4, 1e-2, 1.0])
+    d = (ref.double() - lp.double()).tolist()  # exact: the fp32 inputs' own difference
+    lp.requires_grad_(True)
+    k = kl_penalty(lp, ref, "unbias")
+    k.sum().backward()
+    want = torch.tensor([_k3_series(x) for x in d], dtype=torch.float64)
+    torch.testing.assert_close(k.double(), want, rtol=1e-6, atol=0)
+    # dk/dl = 1 - exp(d): autograd is exact to fp32 rounding; the closed form (fp32, also the
+    # fused kernel's) is within an fp32 rounding of 1.
+    want_grad = torch.tensor([-math.expm1(x) for x in d], dtype=torch.float64)
+    torch.testing.assert_close(lp.grad.double(), want_grad, rtol=1e-6, atol=0)
+    closed = loss_module.kl_penalty_grad(lp.detach(), ref, "unbias").double()
+    torch.testing.assert_close(closed, want_grad, rtol=0, atol=2.5e-7)
+
+
+def test_logged_kl_loss_vs_fp64_at_small_d():
+    lp = torch.full((1000,), -1.3)
+    ref = lp + 1e-4
+    terms = oreal_actor_loss(lp, ref, torch.zeros(1000), torch.zeros(1000, dtype=torch.bool), None, None,
+                             _norm(1000, 0, 1000, 10), _coefs())
+    d = (ref[0].double() - lp[0].double()).item()
+    want = 0.01 / 1000 * 1000 * _k3_series(d)
+    assert terms.kl_penalty_loss.item() == pytest.approx(want, rel=1e-5)

@@ -139,9 +139,31 @@ def test_topk_vectorised_equals_per_sequence_topk(ratio):
     w_pos, _ = topk_weights(c, cu, ratio, ratio)
     want = torch.zeros_like(c)
     for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
-        p = torch.sigmoid(c[a:b])
+        p = torch.sigmoid(c[a:b].double())
         k = max(int((b - a) * ratio), 1)
         vals, idx = torch.topk(p, k)
         span = vals.max() - vals.min()
-        want[a + idx] = (vals - vals.min()) / span if span > 0 else torch.ones(k)
+        want[a + idx] = ((vals - vals.min()) / span if span > 0 else torch.ones(k)).float()
     torch.testing.assert_close(w_pos, want)
+
+
+def _exact_minmax(cs: list[float]) -> list[float]:
+    """(p - min p) / (max p - min p) with p = sigmoid(c) near 1, via 1 - p = 1 / (1 + e^c)."""
+    q = [1 / (1 + math.exp(x)) for x in cs]  # 1 - p: tiny, and exact to fp64 rounding
+    return [(max(q) - x) / (max(q) - min(q)) for x in q]
+
+
+@pytest.mark.parametrize("cs", [[10.0, 11.0, 12.0], [16.0, 17.0, 18.0], [40.0, 40.5, 43.0]])
+def test_topk_minmax_exact_for_a_confident_rm(cs):
+    # fp32 sigmoids of these running means are within a few ulps of 1 (all 1.0 at 40): the
+    # middle weight came out 0.7325 and 1.0 for the first two where the exact one is 0.7311.
+    c = torch.tensor(cs + [-x for x in cs])
+    cu = torch.tensor([0, 3, 6])
+    w_pos, w_neg = topk_weights(c, cu, 1.0, 1.0)
+    torch.testing.assert_close(w_pos[:3], torch.tensor(_exact_minmax(cs)), rtol=1e-6, atol=1e-7)
+    # the same sequence seen as wrong by a confident RM: p- = 1 - sigmoid(-c) near 1
+    torch.testing.assert_close(w_neg[3:], torch.tensor(_exact_minmax(cs)), rtol=1e-6, atol=1e-7)
+    # and the mirrored sides: p+ of the negated sequence and p- of the first are tiny, no loss
+    p_small = [1 / (1 + math.exp(x)) for x in cs]
+    want_small = [(x - min(p_small)) / (max(p_small) - min(p_small)) for x in p_small]
+    torch.testing.assert_close(w_neg[:3], torch.tensor(want_small), rtol=1e-6, atol=1e-7)

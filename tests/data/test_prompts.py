@@ -40,6 +40,8 @@ BAD_LINES = [
     (json.dumps({"question": "Q", "pass_rate": 0.5}), "gold_answer", "missing"),
     (json.dumps({"question": "Q", "gold_answer": "5"}), "pass_rate", "missing"),
     (json.dumps({**GOOD, "gold_answer": 5}), "gold_answer", "must be a string"),
+    (json.dumps({**GOOD, "gold_answer": None}), "gold_answer", "must be a string, got NoneType None"),
+    (json.dumps({**GOOD, "gold_answer": " "}), "gold_answer", "empty"),
     (json.dumps({**GOOD, "question": None}), "question", "must be a string"),
     (json.dumps({**GOOD, "pass_rate": "0.5"}), "pass_rate", "must be a number"),
     (json.dumps({**GOOD, "pass_rate": True}), "pass_rate", "must be a number"),

@@ -102,6 +102,41 @@ CASES = [
     ("empty-box", r"\boxed{}" + E, "5", -1, -1),
     ("no-answer", "I do not know." + E, "5", -1, -1),
     ("unterminated-box", r"\boxed{\frac{1}{2}" + E, r"\frac{1}{2}", 1, 1),
+    # right-answer forms, each with a wrong variant. Official: strip_string deletes spaces but
+    # not "\,", which parse_latex skips; float() reads "1.5e3" and full-width digits; a
+    # braceless box reads to the first "$"; an unterminated one to the end; "(B)" loses its
+    # parentheses; the Chinese sentence falls to the last number; both towers overflow to inf.
+    ("thin-space-thousands", r"\boxed{1\,000}" + E, "1000", 1, 1),
+    ("thin-space-thousands-wrong", r"\boxed{1\,500}" + E, "1000", -1, -1),
+    ("space-thousands", r"\boxed{1 000}" + E, "1000", 1, 1),
+    ("space-thousands-wrong", r"\boxed{1 500}" + E, "1000", -1, -1),
+    ("scientific-notation", r"\boxed{1.5e3}" + E, "1500", 1, 1),
+    ("scientific-notation-wrong", r"\boxed{1.5e3}" + E, "1501", -1, -1),
+    ("scientific-negative-exponent", r"\boxed{1e-3}" + E, "0.001", 1, 1),
+    ("scientific-negative-exponent-wrong", r"\boxed{1e-3}" + E, "0.002", -1, -1),
+    ("e-after-number-read-as-symbol-e", r"\boxed{1e-3}" + E, "e-3", 1, -1),  # parse_latex: 1*e - 3
+    ("box-trailing-period", r"\boxed{5.}" + E, "5", 1, 1),
+    ("box-trailing-period-wrong", r"\boxed{6.}" + E, "5", -1, -1),
+    ("braceless-box-digit", r"so \boxed5" + E, "5", 1, 1),
+    ("braceless-box-digit-wrong", r"so \boxed6" + E, "5", -1, -1),
+    ("braceless-box-frac", r"so \boxed \frac12" + E, r"\frac{1}{2}", 1, 1),
+    ("braceless-box-frac-wrong", r"so \boxed \frac13" + E, r"\frac{1}{2}", -1, -1),
+    ("braceless-box-reads-to-the-dollar", r"so $\boxed 2\sqrt{3}$" + E, r"2\sqrt{3}", 1, 1),
+    ("braceless-box-not-just-its-first-number", r"so $\boxed 2\sqrt{3}$" + E, "2", -1, -1),
+    ("unterminated-box-at-end", r"so \boxed{5" + E, "5", 1, 1),
+    ("unterminated-box-at-end-wrong", r"so \boxed{6" + E, "5", -1, -1),
+    ("answer-is-option", "The answer is (B)." + E, "B", 1, 1),
+    ("answer-is-option-wrong", "The answer is (C)." + E, "B", -1, -1),
+    ("answer-is-colon-no-space", "The answer is:5." + E, "5", 1, 1),
+    ("answer-is-colon-no-space-wrong", "The answer is:6." + E, "5", -1, -1),
+    ("answer-is-negated", "The answer is not 5." + E, "5", -1, -1),
+    ("answer-is-hedged", "The answer is $5$ or $6$." + E, "5", -1, -1),
+    ("chinese-answer-sentence", "答案是5。" + E, "5", 1, 1),
+    ("chinese-answer-sentence-wrong", "答案是6。" + E, "5", -1, -1),
+    ("full-width-digit", "\\boxed{５}" + E, "5", 1, 1),
+    ("full-width-digit-wrong", "\\boxed{６}" + E, "5", -1, -1),
+    ("power-tower-equal", r"\boxed{2^{2^{2^{2^2}}}}" + E, "2^{65536}", 1, 1),
+    ("power-tower-off-by-one", r"\boxed{2^{2^{2^{2^2}}}}" + E, "2^{65537}", 1, -1),
     # thinking-finish words
     ("after-last-think", r"<think>maybe \boxed{3}</think> so \boxed{5}" + E, "5", 1, 1),
     ("think-cut-drops-box", r"\boxed{5} </think> no box here, answer 3" + E, "5", -1, -1),
@@ -140,4 +175,22 @@ def test_official_verdict(response, gold, official):
 
 @pytest.mark.parametrize("response,gold,strict", [(c[1], c[2], c[4]) for c in CASES], ids=[c[0] for c in CASES])
 def test_strict_verdict(response, gold, strict):
+    assert _reward(rule_strict.check, response, gold) == strict
+
+
+@pytest.mark.parametrize(
+    "response,gold,strict",
+    [
+        # 2^(2^65536) has more digits than atoms in the universe: only r^E compares it
+        (r"\boxed{2^{2^{2^{2^{2^2}}}}}" + E, r"4^{2^{65535}}", 1),
+        (r"\boxed{2^{2^{2^{2^{2^2}}}}}" + E, r"2^{2^{65535}}", -1),
+        (r"\boxed{(2^{3})^{2}}" + E, "64", 1),
+        (r"\boxed{4^{8}}" + E, "2^{15}", -1),
+        (r"\boxed{10^{10^{10}}}" + E, "5", -1),  # decided at once, where sympy takes hours
+    ],
+    ids=["tower-beyond-floats", "tower-beyond-floats-wrong", "tower-parenthesised", "tower-other-base",
+         "tower-vs-small"],
+)
+def test_strict_power_towers_compare_exactly(response, gold, strict):
+    # Official mode is left out: it spins for hours on some of these (hence the worker limit).
     assert _reward(rule_strict.check, response, gold) == strict
