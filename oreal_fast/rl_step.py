@@ -29,6 +29,7 @@ from oreal_fast.algo import (
     LossCoefficients,
     Normalisers,
     actor_metric_sums,
+    at_least_fp32,
     cumulative_means,
     global_normalisers,
     oreal_actor_loss,
@@ -152,7 +153,7 @@ def token_rm_step(
     row = batch.row
     with settings.precision.autocast():
         scores = token_rm(row.input_ids, row.positions, row.cu_seqlens, row.max_seqlen)  # (T,)
-    scores = scores.float().index_select(0, batch.action_index)  # (A,)
+    scores = at_least_fp32(scores).index_select(0, batch.action_index)  # (A,)
     rm_loss = rm_bce_loss(sequence_means(scores, batch.action_cu_seqlens), batch.rewards, norm.num_seqs)
     rm_loss.backward()
     w_pos, w_neg = settings.token_weights.weights(cumulative_means(scores.detach(), batch.action_cu_seqlens),

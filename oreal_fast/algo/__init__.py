@@ -24,7 +24,7 @@ from oreal_fast.algo.loss import (
     token_coefficients,
 )
 from oreal_fast.algo.lr_schedule import OfficialLRScheduler, lr_at_step
-from oreal_fast.algo.normalisers import Normalisers, global_normalisers, per_token, segment_ids
+from oreal_fast.algo.normalisers import Normalisers, at_least_fp32, global_normalisers, per_token, segment_ids
 from oreal_fast.algo.token_rm import (
     cumulative_means,
     rm_bce_loss,
@@ -44,6 +44,7 @@ __all__ = [
     "Selection",
     "actor_metric_sums",
     "actor_metrics",
+    "at_least_fp32",
     "compute_advantages",
     "cumulative_means",
     "filter_one_pair",

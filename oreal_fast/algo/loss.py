@@ -9,7 +9,8 @@ and ``k = exp(d) - d - 1`` (``unbias``, k3), ``d`` (``kl``) or ``d^2 / 2`` (``ms
 normalisers are the global counts of the step (``normalisers``), so the losses of all
 micro-batches SUM to L; nothing is averaged here.
 
-Where we differ from the official trainer: all products and sums are fp32 (the official code
+Where we differ from the official trainer: all products and sums are fp32, fp64 for fp64 inputs
+(``at_least_fp32``; the official code
 multiplies bf16 weights and log-probs, see reference 8.5-8.6), so the KL gradient is not
 quantised to zero for |d| below bf16 resolution. The k3 value is computed as ``expm1(d) - d``
 in fp64: it is about d^2 / 2, so ``exp(d) - d - 1`` in fp32 (error ~1e-7 from rounding exp(d)
@@ -22,7 +23,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from oreal_fast.algo.normalisers import Normalisers, safe_denominator
+from oreal_fast.algo.normalisers import Normalisers, at_least_fp32, safe_denominator
 
 KL_TYPES = ("unbias", "kl", "mse")
 
@@ -87,7 +88,7 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kl_type: str)
         k = d
     else:
         k = d * d / 2
-    return k.float()
+    return k.to(at_least_fp32(logprobs).dtype)
 
 
 def kl_penalty_grad(
@@ -160,7 +161,7 @@ def oreal_actor_loss(
     Returns:
         ``ActorLossTerms``.
     """
-    lp = logprobs.float()
+    lp = at_least_fp32(logprobs)
     a_pos, a_neg, kl_scale = token_coefficients(advantages, is_positive, w_pos, w_neg, norm, coefs)
     positive = (a_pos * -lp).sum()
     negative = -(a_neg * torch.exp(lp - lp.detach())).sum()

@@ -51,6 +51,12 @@ def global_normalisers(response_lens: torch.Tensor, rewards: torch.Tensor) -> No
     return Normalisers(n_act, n_pos, n_act - n_pos, n_seqs)
 
 
+def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in fp32, or kept in fp64: the losses compute in fp32, and in fp64 when the model's
+    outputs are fp64 (the CPU tests that compare two micro-batch splits to summation order)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 def safe_denominator(n: torch.Tensor) -> torch.Tensor:
     """``n`` as fp32, floored at ``MIN_NORMALISER`` (see there)."""
     return n.float().clamp(min=MIN_NORMALISER)

@@ -19,13 +19,13 @@ Where we differ from the official trainer:
    sit within a few ulps of 1 and their differences are mostly rounding: running means 10,
    11, 12 give the middle token 0.7325 from fp32 sigmoids (1.0 at 16, 17, 18) for the exact
    0.7311 = sigmoid(1).
-Invariant: weights are in [0, 1], detached, fp32, in packed token order.
+Invariant: weights are in [0, 1], detached, fp32 (fp64 for fp64 scores), in packed token order.
 """
 
 import torch
 import torch.nn.functional as F
 
-from oreal_fast.algo.normalisers import safe_denominator, segment_ids
+from oreal_fast.algo.normalisers import at_least_fp32, safe_denominator, segment_ids
 
 
 def cumulative_means(scores: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
@@ -44,7 +44,7 @@ def cumulative_means(scores: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Te
     starts = cu_seqlens.long()[seg]
     csum = torch.cat([s.new_zeros(1), torch.cumsum(s, 0)])
     count = torch.arange(1, t + 1, device=s.device) - starts
-    return ((csum[1:] - csum[starts]) / count).float()
+    return ((csum[1:] - csum[starts]) / count).to(at_least_fp32(scores).dtype)
 
 
 def sequence_means(scores: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
@@ -58,8 +58,9 @@ def sequence_means(scores: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tens
         ``[M]`` fp32.
     """
     seg = segment_ids(cu_seqlens, scores.numel())
-    lens = cu_seqlens.diff().float()
-    sums = scores.new_zeros(lens.numel(), dtype=torch.float32).index_add(0, seg, scores.float())
+    scores = at_least_fp32(scores)
+    lens = cu_seqlens.diff().to(scores.dtype)
+    sums = scores.new_zeros(lens.numel()).index_add(0, seg, scores)
     return sums / lens
 
 
@@ -79,7 +80,7 @@ def rm_bce_loss(
     Returns:
         0-d fp32 loss (with grad).
     """
-    y = rewards.float().clamp(min=0).trunc()
+    y = rewards.to(seq_means.dtype).clamp(min=0).trunc()
     bce = F.binary_cross_entropy_with_logits(seq_means, y, reduction="sum")
     return bce / safe_denominator(num_seqs)
 
@@ -108,7 +109,7 @@ def threshold_weights(
     """
     _check_threshold("correct_threshold", correct_threshold)
     _check_threshold("incorrect_threshold", incorrect_threshold)
-    p = torch.sigmoid(cum_means.float())
+    p = torch.sigmoid(at_least_fp32(cum_means))
     w_pos = ((p - correct_threshold) / (1 - correct_threshold)).clamp(0, 1)
     w_neg = (((1 - p) - incorrect_threshold) / (1 - incorrect_threshold)).clamp(0, 1)
     return w_pos, w_neg
@@ -173,7 +174,7 @@ def topk_weights(
     c = cum_means.detach().double()
     w_pos = _topk_minmax(c, cu_seqlens, correct_topk_ratio)
     w_neg = _topk_minmax(-c, cu_seqlens, incorrect_topk_ratio)
-    return w_pos.float(), w_neg.float()
+    return w_pos.to(at_least_fp32(cum_means).dtype), w_neg.to(at_least_fp32(cum_means).dtype)
 
 
 def rm_token_weights(
