@@ -10,8 +10,8 @@ normalisers are the global counts of the step (``normalisers``), so the losses o
 micro-batches SUM to L; nothing is averaged here.
 
 Where we differ from the official trainer: all products and sums are fp32 (fp64 for fp64 inputs,
-``at_least_fp32``; the official code multiplies bf16 weights and log-probs, see 8.5-8.6), so the KL gradient is not
-quantised to zero for |d| below bf16 resolution. The k3 value is computed as ``expm1(d) - d``
+``at_least_fp32``; the official code multiplies bf16 weights and log-probs, see 8.5-8.6), so the
+KL gradient is not quantised to zero for |d| below bf16 resolution. The k3 value is computed as ``expm1(d) - d``
 in fp64: it is about d^2 / 2, so ``exp(d) - d - 1`` in fp32 (error ~1e-7 from rounding exp(d)
 near 1) loses every digit of the logged KL at |d| ~ 1e-4, right after the actor's freeze.
 Invariant: the returned ``loss`` has the gradient ``oreal_logprob_grad`` w.r.t. ``logprobs``.
