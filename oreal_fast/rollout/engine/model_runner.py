@@ -278,14 +278,18 @@ class ModelRunner:
     def decode(self, width: int) -> torch.Tensor:
         """Logits [num_rows, V] of every live row's pending token (writes its k/v).
 
-        `width`: block-table columns the eager path reads (the longest live table); graphs read all.
+        `width`: block-table columns read on CPU (the longest live table); CUDA reads all of them.
         """
         n = self.num_rows
+        if self.device.type != "cuda":
+            self._decode_forward(n, width)
+            return self.logits[:n]
+        # on CUDA eager runs the graphs' shapes too (bucket rows, every column): same kernels, same tokens
+        b = next(b for b in batch_buckets(self.max_num_seqs) if b >= n)
         if self.use_graphs:
-            b = next(b for b in batch_buckets(self.max_num_seqs) if b >= n)
             self.graphs[b].replay()
         else:
-            self._decode_forward(n, width)
+            self._decode_forward(b, self.max_blocks_per_seq)
         return self.logits[:n]
 
     def advance(self, tokens: torch.Tensor) -> None:
