@@ -57,8 +57,9 @@ def _prompts(n: int, length: int, seed: int = 0) -> list[list[int]]:
 
 def _hf(hf, batch: int, cache: str | None):
     ids = torch.tensor(_prompts(batch, PROMPT), device="cuda")
-    kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=NEW, min_new_tokens=NEW, do_sample=True,
-                  top_p=0.9, top_k=0, temperature=1.0, eos_token_id=None, pad_token_id=0)
+    hf.generation_config.eos_token_id = None  # no stop token: every row runs to NEW tokens
+    kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=True,
+                  top_p=0.9, top_k=0, temperature=1.0, pad_token_id=0)
     if cache:
         kwargs["cache_implementation"] = cache
 

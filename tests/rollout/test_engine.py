@@ -69,12 +69,14 @@ def test_first_token_can_end_a_response_at_prefill(models):
     assert got == expected and got[2] == [stop]
 
 
-def test_tiny_pool_preempts_and_gives_the_big_pools_tokens(models):
+@pytest.mark.parametrize("static_shapes", [False, True], ids=["live_rows", "graph_shapes"])
+def test_tiny_pool_preempts_and_gives_the_big_pools_tokens(models, static_shapes):
     _, ours = models
     big = engine(ours, blocks=400)
     expected = big.generate(PROMPTS, greedy(30), torch.Generator())
     assert big.last_stats["preemptions"] == 0
     tiny = engine(ours, blocks=18)  # 16 blocks of 4 hold one 64-token sequence, barely more
+    tiny.runner.static_shapes = static_shapes  # graph shapes: padding rows after preemptions write the null block
     assert tiny.generate(PROMPTS, greedy(30), torch.Generator()) == expected
     assert tiny.last_stats["preemptions"] > 0 and tiny.last_stats["recomputed_tokens"] > 0
     assert tiny.last_stats["peak_kv_use"] == 1.0
@@ -154,3 +156,13 @@ def test_first_token_frequencies_follow_the_reference_rule(models, rule):
     assert counts[probs == 0].sum() == 0  # nothing outside the kept set
     assert (probs > 0).sum() >= 4  # the rule leaves a real choice to test
     assert chi_square_p_value(counts, probs) > 1e-3
+
+
+def test_decoding_at_graph_shapes_pads_into_the_null_block_and_changes_no_token(models):
+    """CUDA's step shapes on CPU: rows padded to the batch bucket, every block-table column read."""
+    _, ours = models
+    expected = engine(ours).generate(PROMPTS, greedy(20), torch.Generator())
+    e = engine(ours, max_num_seqs=16)
+    e.runner.static_shapes = True
+    assert e.generate(PROMPTS, greedy(20), torch.Generator()) == expected
+    assert_pool_empty(e)

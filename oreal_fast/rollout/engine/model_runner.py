@@ -100,6 +100,9 @@ class ModelRunner:
         self.num_blocks, self.max_num_seqs = num_blocks, max_num_seqs
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         self.use_graphs = cuda_graph and device.type == "cuda"
+        # CUDA decodes at the graphs' shapes even eagerly (bucket rows, every block-table column), so
+        # graph and eager steps run the same kernels and pick the same tokens; CPU decodes the live rows
+        self.static_shapes = device.type == "cuda"
         self.attn_impl = "triton" if device.type == "cuda" else "eager"
         c = actor.config
         self.model = Decoder(c, attn_backend="auto", device=device, dtype=dtype).requires_grad_(False).eval()
@@ -115,6 +118,7 @@ class ModelRunner:
         self.kv: torch.Tensor | None = None
         self.generated: torch.Tensor | None = None
         self.stop_ids = zeros(0)
+        self.buckets = batch_buckets(max_num_seqs)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: torch.Tensor | None = None
 
@@ -149,11 +153,10 @@ class ModelRunner:
 
     def _capture(self) -> None:
         pool = None
-        buckets = batch_buckets(self.max_num_seqs)
         with torch.no_grad():
-            self._decode_forward(buckets[-1], self.max_blocks_per_seq)  # warm-up, eager
+            self._decode_forward(self.buckets[-1], self.max_blocks_per_seq)  # warm-up, eager
             torch.cuda.synchronize(self.device)
-            for b in reversed(buckets):
+            for b in reversed(self.buckets):
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
                     self._decode_forward(b, self.max_blocks_per_seq)
@@ -278,14 +281,13 @@ class ModelRunner:
     def decode(self, width: int) -> torch.Tensor:
         """Logits [num_rows, V] of every live row's pending token (writes its k/v).
 
-        `width`: block-table columns read on CPU (the longest live table); CUDA reads all of them.
+        `width`: block-table columns read without `static_shapes` (the longest live table).
         """
         n = self.num_rows
-        if self.device.type != "cuda":
+        if not self.static_shapes:
             self._decode_forward(n, width)
             return self.logits[:n]
-        # on CUDA eager runs the graphs' shapes too (bucket rows, every column): same kernels, same tokens
-        b = next(b for b in batch_buckets(self.max_num_seqs) if b >= n)
+        b = next(b for b in self.buckets if b >= n)
         if self.use_graphs:
             self.graphs[b].replay()
         else:

@@ -7,9 +7,9 @@ host knows every length without reading tokens, because each decode step adds ex
 to every running sequence.
 
 Not here: which blocks are free (`block_manager`), when a sequence runs (`scheduler`), tensors.
-Invariant: `block_table` covers the sequence's cached tokens, block i holding positions
-[i * block_size, (i + 1) * block_size); a running sequence has `num_new >= 1` tokens, the last of
-which is *pending* (sampled, its k/v not yet in the cache): `num_cached == length - 1`.
+Invariant: block i of `block_table` holds positions [i * block_size, (i + 1) * block_size); a
+running sequence has `num_new >= 1` tokens, the last of which is *pending* (sampled, its k/v not
+yet in the cache), so its first `length - 1` tokens are cached.
 """
 
 from __future__ import annotations
