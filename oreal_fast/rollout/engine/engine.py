@@ -14,7 +14,7 @@ is `kv_cache_bytes` (12 KiB per token for 0.5B), the logits buffer max_num_seqs 
 (311 MB at 1024 x 151 936), the graphs' shared pool about one decode step's activations at
 max_num_seqs (a few hundred MB at 0.5B). With `keep_cache` (default) pool, buffer and graphs stay
 between `generate` calls (the RL phase runs beside them); without it they are freed after each
-call and rebuilt at the next (about a second of capture per call, the memory back to the RL phase).
+call and rebuilt at the next (every bucket recaptured per call; the memory goes back to the RL phase).
 
 Sampling follows reference 4.2 as a distribution (`oreal_fast.kernels.sampling`: inverse CDF on one
 uniform per row drawn from the caller's generator), so a run resumed with the generator's state

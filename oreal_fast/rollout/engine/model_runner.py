@@ -15,7 +15,7 @@ padded up to its bucket writes the padding rows' k/v into the null block (id 0, 
 nothing reads.
 
 CUDA graphs: one per batch bucket (1, 2, 4, 8, 16, 32, then steps of 32 to 256 and of 64 beyond,
-up to max_num_seqs), captured largest first into one shared memory pool after one eager warm-up;
+up to max_num_seqs), captured largest first into one shared memory pool, each after one eager step;
 each runs embedding -> blocks -> final norm -> LM head into the static `logits` buffer
 [max_num_seqs, V] (compute dtype). Sampling and the stop check run after the replay.
 
@@ -154,9 +154,10 @@ class ModelRunner:
     def _capture(self) -> None:
         pool = None
         with torch.no_grad():
-            self._decode_forward(self.buckets[-1], self.max_blocks_per_seq)  # warm-up, eager
-            torch.cuda.synchronize(self.device)
             for b in reversed(self.buckets):
+                # an eager step first: kernels that compile or tune per shape do it outside the capture
+                self._decode_forward(b, self.max_blocks_per_seq)
+                torch.cuda.synchronize(self.device)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
                     self._decode_forward(b, self.max_blocks_per_seq)
