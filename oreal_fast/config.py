@@ -113,7 +113,7 @@ class TrainConfig:
     kv_block_size: int = 16
     """Token slots per KV-cache block of the paged engine, >= 1."""
     max_num_seqs: int = 1024
-    """Sequences the paged engine decodes at once (the largest CUDA-graph batch), >= 1."""
+    """Sequences the paged engine decodes at once (the largest CUDA-graph batch; capped at gen_global_batch), >= 1."""
     max_prefill_tokens: int = 16384
     """Tokens per prefill chunk of the paged engine (vLLM's max_num_batched_tokens; a longer prompt runs alone), >= 1."""
     rollout_keep_cache: bool = True

@@ -213,7 +213,7 @@ class Trainer:
                                   reserve_bytes=reserve)
         config = EngineConfig(
             max_model_len=cfg.gen_max_length, kv_cache_bytes=kv_bytes, block_size=cfg.kv_block_size,
-            max_num_seqs=cfg.max_num_seqs, max_prefill_batch=cfg.max_prefill_batch,
+            max_num_seqs=min(cfg.max_num_seqs, cfg.gen_global_batch), max_prefill_batch=cfg.max_prefill_batch,
             max_prefill_tokens=cfg.max_prefill_tokens, cuda_graph=cfg.cuda_graph, keep_cache=cfg.rollout_keep_cache)
         try:
             return PagedEngine(self.models.actor, config, dtype=self.precision.compute_dtype)

@@ -31,13 +31,17 @@ def assert_pool_empty(e):
     assert e.blocks.num_used == 0 and not any(e.blocks.ref_counts)
 
 
-@pytest.mark.parametrize("block_size", [1, 4, 16])
-def test_greedy_equals_plain_sampler_token_for_token(models, block_size):
+@pytest.mark.parametrize("block_size, max_num_seqs", [(1, 16), (4, 16), (16, 16), (4, 3)])
+def test_greedy_equals_plain_sampler_token_for_token(models, block_size, max_num_seqs):
+    """max_num_seqs 3: samples are admitted while others decode, groups split over several prefills."""
     _, ours = models
-    expected = PlainSampler(ours, max_batch_size=16).generate(PROMPTS, greedy(20), torch.Generator())
-    e = engine(ours, block_size=block_size, blocks=4000 // block_size, max_prefill_batch=2)
-    assert e.generate(PROMPTS, greedy(20), torch.Generator()) == expected
-    assert e.last_stats["generated_tokens"] == 20 * len(PROMPTS)
+    params = SamplingParams(max_new_tokens=20, max_length=64, do_sample=False)
+    expected = PlainSampler(ours, max_batch_size=16).generate(PROMPTS, params, torch.Generator())
+    caps = [20, 7, 20, 20, 3, 20, 11, 20, 20]  # sequences finish at different steps
+    expected = [r[:c] for r, c in zip(expected, caps)]
+    e = engine(ours, block_size=block_size, blocks=4000 // block_size, max_prefill_batch=2, max_num_seqs=max_num_seqs)
+    assert e.generate(PROMPTS, params, torch.Generator(), max_new_per_prompt=caps) == expected
+    assert e.last_stats["generated_tokens"] == sum(caps)
     assert_pool_empty(e)
 
 
@@ -112,6 +116,13 @@ def test_sampled_runs_are_reproducible_from_the_seed(models):
     b = e.generate(PROMPTS, params, torch.Generator().manual_seed(7))
     c = e.generate(PROMPTS, params, torch.Generator().manual_seed(8))
     assert a == b and a != c
+    # resume: a fresh engine given the generator's saved state samples what the straight run did next
+    g = torch.Generator().manual_seed(7)
+    first = e.generate(PROMPTS, params, g)
+    state = g.get_state()
+    straight = e.generate(PROMPTS, params, g)
+    resumed = engine(ours).generate(PROMPTS, params, torch.Generator().set_state(state))
+    assert first == a and resumed == straight and straight != first
     # the three samples of prompt 0 are independent draws, not copies of one
     assert len({tuple(r) for r in a[:3]}) > 1
 

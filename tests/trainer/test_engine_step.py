@@ -17,11 +17,12 @@ from test_step import K, REWARDS, write_config
 def test_paged_engine_generates_a_step_and_follows_the_actor(tmp_path, tiny_model_dir, perturbed_actor_dir,
                                                             prompt_file):
     cfg = load_config(write_config(tmp_path, perturbed_actor_dir, tiny_model_dir, prompt_file,
-                                   rollout_engine="paged", kv_block_size=8, max_num_seqs=16))
+                                   rollout_engine="paged", kv_block_size=8, max_num_seqs=64))
     trainer = Trainer(cfg, router=ScriptedRouter(REWARDS))
     engine = trainer.rollout
     assert isinstance(engine, PagedEngine) and engine.config.block_size == 8
     assert engine.config.max_model_len == cfg.gen_max_length
+    assert engine.config.max_num_seqs == cfg.gen_global_batch  # never more rows than a step has samples
     before = {k: v.clone() for k, v in engine.runner.model.state_dict().items()}
     metrics = trainer.step(0)
     assert metrics["rollout_generated_tokens"] == round(metrics["avg_new_tokens"] * 2 * K)
