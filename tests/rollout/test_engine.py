@@ -42,6 +42,11 @@ def test_greedy_equals_plain_sampler_token_for_token(models, block_size, max_num
     e = engine(ours, block_size=block_size, blocks=4000 // block_size, max_prefill_batch=2, max_num_seqs=max_num_seqs)
     assert e.generate(PROMPTS, params, torch.Generator(), max_new_per_prompt=caps) == expected
     assert e.last_stats["generated_tokens"] == sum(caps)
+    if max_num_seqs >= len(PROMPTS):  # all decode together: a row with cap c takes part in c - 1 steps
+        assert e.last_stats["decode_steps"] == max(caps) - 1
+        assert e.last_stats["mean_live_batch"] == pytest.approx((sum(caps) - len(caps)) / (max(caps) - 1))
+    else:
+        assert e.last_stats["mean_live_batch"] <= max_num_seqs
     assert_pool_empty(e)
 
 
@@ -176,4 +181,14 @@ def test_decoding_at_graph_shapes_pads_into_the_null_block_and_changes_no_token(
     e = engine(ours, max_num_seqs=16)
     e.runner.static_shapes = True
     assert e.generate(PROMPTS, greedy(20), torch.Generator()) == expected
+    assert_pool_empty(e)
+
+
+def test_per_prompt_caps_must_match_the_prompts(models):
+    _, ours = models
+    e = engine(ours)
+    with pytest.raises(ValueError, match="one int >= 1 per prompt"):
+        e.generate(BASE, greedy(5), torch.Generator(), max_new_per_prompt=[3, 3])
+    with pytest.raises(ValueError, match="one int >= 1 per prompt"):
+        e.generate(BASE, greedy(5), torch.Generator(), max_new_per_prompt=[3, 0, 3, 3])
     assert_pool_empty(e)

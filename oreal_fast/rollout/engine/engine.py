@@ -125,7 +125,10 @@ class PagedEngine:
                              f"{self.config.max_model_len}")
         limits = new_token_limits(torch.tensor([len(p) for p in prompts]), params).tolist()
         if max_new_per_prompt is not None:
-            limits = [max(1, min(a, b)) for a, b in zip(limits, max_new_per_prompt)]
+            if len(max_new_per_prompt) != len(prompts) or min(max_new_per_prompt, default=1) < 1:
+                raise ValueError(f"max_new_per_prompt: need one int >= 1 per prompt ({len(prompts)}), "
+                                 f"got {len(max_new_per_prompt)} values, smallest {min(max_new_per_prompt, default=None)}")
+            limits = [min(a, b) for a, b in zip(limits, max_new_per_prompt)]
         t0 = time.perf_counter()
         if not self.runner.allocated:
             self.runner.allocate()
@@ -140,9 +143,8 @@ class PagedEngine:
                 if chunk:
                     self._prefill(chunk, params, generator)
                 else:
-                    live += self.runner.num_rows
+                    live += self._decode(params, generator)
                     steps += 1
-                    self._decode(params, generator)
             out = self.runner.responses([s.num_new for s in seqs])
         if not self.config.keep_cache:
             self.runner.free()
@@ -187,7 +189,8 @@ class PagedEngine:
             done[row : row + m] = runner.record(row, first[offset : offset + m])
         self._finish(done)
 
-    def _decode(self, params: SamplingParams, generator: torch.Generator) -> None:
+    def _decode(self, params: SamplingParams, generator: torch.Generator) -> int:
+        """One decode step of every running sequence; returns how many ran."""
         runner, scheduler = self.runner, self.scheduler
         num_rows, entries = scheduler.prepare_decode()
         if num_rows < runner.num_rows:
@@ -198,6 +201,7 @@ class PagedEngine:
         runner.advance(tokens)
         scheduler.advance()
         self._finish(runner.record(0, tokens))
+        return num_rows
 
     def _finish(self, done: torch.Tensor) -> None:
         keep = self.scheduler.finish(done.cpu().numpy())  # the step's one host sync

@@ -248,7 +248,7 @@ class ModelRunner:
     def record(self, first: int, tokens: torch.Tensor) -> torch.Tensor:
         """Store tokens just sampled for rows first..first+len-1 and check the stop rule there.
 
-        The rows' num_new already counts the token (prefill rows) or is advanced here (decode).
+        The rows' num_new already counts the token (set by `add_rows`, or by `advance` in decode).
         Returns the rows' stop mask [len] bool (device).
         """
         rows = slice(first, first + tokens.shape[0])
