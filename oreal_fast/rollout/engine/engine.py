@@ -61,12 +61,15 @@ class EngineConfig:
 
 def kv_cache_bytes(device: torch.device, *, gib: float | None, memory_fraction: float, reserve_bytes: int = 0) -> int:
     """Bytes for the KV pool: `gib` GiB when set, else `memory_fraction` of the memory free now
-    (device memory on CUDA, available RAM on CPU) minus `reserve_bytes` (memory the caller will
-    still allocate, e.g. optimiser states made at the first step)."""
+    (device memory on CUDA, within the process's memory-fraction cap; available RAM on CPU) minus
+    `reserve_bytes` (memory the caller will still allocate, e.g. optimiser states made at the first step)."""
     if gib is not None:
         return int(gib * 2**30)
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
+        free, total = torch.cuda.mem_get_info(device)
+        # under a per-process cap (gpu_memory_limit_gib) only what the cap leaves counts
+        fraction_of = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _: 1.0)
+        free = min(free, int(fraction_of(device) * total) - torch.cuda.memory_reserved(device))
     else:
         free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     return max(0, int(memory_fraction * (free - reserve_bytes)))
