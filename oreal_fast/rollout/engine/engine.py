@@ -196,8 +196,8 @@ class PagedEngine:
         """One decode step of every running sequence; returns how many ran."""
         runner, scheduler = self.runner, self.scheduler
         num_rows, entries = scheduler.prepare_decode()
-        if num_rows < runner.num_rows:
-            runner.truncate(num_rows)
+        if num_rows < runner.num_rows:  # the last rows were preempted
+            runner.keep_rows(np.arange(num_rows))
         runner.set_blocks(entries)
         logits = runner.decode(scheduler.max_table_len())
         tokens = self._sample(logits, params, generator)

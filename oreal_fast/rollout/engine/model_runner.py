@@ -262,18 +262,12 @@ class ModelRunner:
             self.block_tables[r.to(self.device), c.to(self.device)] = b.to(self.device, torch.int32)
 
     def keep_rows(self, keep: np.ndarray) -> None:
-        """Keep only these live rows, in this order, as rows 0..len-1; zero the rest."""
+        """Keep only these live rows, in this order, as rows 0..len-1; zero the rest (finished or preempted)."""
         n, m = self.num_rows, len(keep)
         idx = torch.from_numpy(keep).to(self.device)
         for t in (self.input_ids, self.positions, self.num_new, self.limits, self.out_rows, self.block_tables):
             t[:m] = t[:n].index_select(0, idx)
             t[m:n] = 0
-        self.num_rows = m
-
-    def truncate(self, m: int) -> None:
-        """Drop the live rows past m (preempted)."""
-        for t in (self.input_ids, self.positions, self.num_new, self.limits, self.out_rows, self.block_tables):
-            t[m : self.num_rows] = 0
         self.num_rows = m
 
     # ------------------------------------------------------------------ decode
