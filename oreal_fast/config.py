@@ -67,7 +67,7 @@ class TrainConfig:
     cpu_offload: bool = False
     """Offload parameters to CPU memory between uses (FSDP)."""
     cuda_graph: bool = True
-    """Replay decode steps of generation as CUDA graphs."""
+    """Replay the paged engine's decode steps as CUDA graphs, one per batch bucket (CUDA only)."""
     tp_size: int = 1
     """Tensor-parallel degree (GPUs per model replica)."""
     sp_size: int = 1
@@ -99,9 +99,25 @@ class TrainConfig:
     gen_do_sample: bool = True
     """Multinomial sampling; False = greedy."""
     max_prefill_batch: int = 16
-    """Prompts per prefill chunk."""
+    """Prompts per prefill chunk of the paged engine (whole prompts, packed), >= 1."""
     prompt_repeat_k: int = 16
     """Samples per prompt (k), >= 2."""
+
+    # --- rollout engine (ours; names after vLLM's, docs/rollout.md) ---
+    rollout_engine: str = "auto"
+    """Generation engine: auto (paged on CUDA, plain on CPU) | paged | plain (PlainSampler)."""
+    kv_cache_gib: float | None = None
+    """Paged engine's KV pool in GiB, > 0; None = kv_cache_memory_fraction of the free memory."""
+    kv_cache_memory_fraction: float = 0.4
+    """KV pool share of the memory free after loading (less optimiser states to come) if kv_cache_gib is None, (0, 1]."""
+    kv_block_size: int = 16
+    """Token slots per KV-cache block of the paged engine, >= 1."""
+    max_num_seqs: int = 1024
+    """Sequences the paged engine decodes at once (the largest CUDA-graph batch; capped at gen_global_batch), >= 1."""
+    max_prefill_tokens: int = 16384
+    """Tokens per prefill chunk of the paged engine (vLLM's max_num_batched_tokens; a longer prompt runs alone), >= 1."""
+    rollout_keep_cache: bool = True
+    """Keep the paged engine's KV pool and CUDA graphs between steps; False frees them after each generation."""
 
     # --- RL phase and optimisers (reference 4.5-4.14) ---
     rl_global_batch: int | None = None
@@ -327,6 +343,7 @@ def _validate(raw: dict[str, Any], path: str, overridden: set[str]) -> TrainConf
         if getattr(cfg, key) is None:
             setattr(cfg, key, getattr(cfg, other))
     _check_ranges(c, cfg)
+    _check_rollout_engine(c, cfg)
     _check_combinations(c, cfg)
     _check_judgers(c, cfg)
     return cfg
@@ -442,6 +459,17 @@ def _check_ranges(c: _Checker, cfg: TrainConfig) -> None:
     for key in ("actor", "reference", "stop_word", "work_dir"):
         if not getattr(cfg, key):
             c.fail(key, "must be a non-empty str")
+
+
+def _check_rollout_engine(c: _Checker, cfg: TrainConfig) -> None:
+    if cfg.rollout_engine not in ("auto", "paged", "plain"):
+        c.fail("rollout_engine", f"must be one of auto, paged, plain; got {cfg.rollout_engine!r}")
+    if cfg.kv_cache_gib is not None and not (math.isfinite(cfg.kv_cache_gib) and cfg.kv_cache_gib > 0):
+        c.fail("kv_cache_gib", f"must be None or a finite float > 0 (GiB), got {cfg.kv_cache_gib}")
+    _in_range(c, cfg, "kv_cache_memory_fraction", 0.0, 1.0, "(0, 1]", lambda v, lo, hi: lo < v <= hi)
+    for key in ("kv_block_size", "max_num_seqs", "max_prefill_tokens"):
+        if getattr(cfg, key) < 1:
+            c.fail(key, f"must be an int >= 1, got {getattr(cfg, key)}")
 
 
 def _in_range(c: _Checker, cfg: TrainConfig, key: str, lo: float, hi: float, text: str, ok) -> None:

@@ -60,7 +60,7 @@ from oreal_fast.rl_step import (
     clip_and_step,
     rl_phase,
 )
-from oreal_fast.rollout import PlainSampler, RolloutEngine, SamplingParams
+from oreal_fast.rollout import EngineConfig, PagedEngine, PlainSampler, RolloutEngine, SamplingParams, kv_cache_bytes
 from oreal_fast.trajectories import Trajectory
 
 log = logging.getLogger("oreal_fast")
@@ -132,8 +132,8 @@ class StepBatch:
 class Trainer:
     """Holds the models, optimisers, schedulers, data and outputs of one run.
 
-    ``rollout`` and ``router`` may be injected (tests script them); by default the actor's own
-    weights generate through ``PlainSampler`` and the config's judgers score.
+    ``rollout`` and ``router`` may be injected (tests script them); by default the actor's weights
+    generate through the engine ``rollout_engine`` names and the config's judgers score.
     """
 
     def __init__(
@@ -167,8 +167,6 @@ class Trainer:
         self.total_steps = min(cfg.total_steps, self.sampler.num_steps)  # official cap (3.4)
         self._load_models()
         self._build_optimizers()
-        self.rollout = rollout or PlainSampler(self.models.actor, max_batch_size=self._rollout_batch_size(),
-                                               kv_dtype=self.precision.compute_dtype)
         # The Router draws its first verifier host from Python's global `random`, as the official
         # judger does, before any filter draw (Q15): build it after seeding, before the first step.
         self.router = router or Router(cfg.judgers_config, cfg.data_judger_mapping)
@@ -180,6 +178,8 @@ class Trainer:
         if resume_state is not None:
             self._restore(resume_state)
             self.metrics.log_text(f"resumed from {resume_path} at step {self.start_step + 1}")
+        # built last: the paged engine copies the (restored) actor and sizes its pool from what is left
+        self.rollout = rollout or self._build_rollout()
 
     # ----------------------------------------------------------------------------------------
     # construction
@@ -217,6 +217,30 @@ class Trainer:
         if token_rm is not None:
             apply_selective_recompute(token_rm.backbone, cfg.selective_recompute)
         self.models = RLModels(actor, reference, token_rm)
+
+    def _build_rollout(self) -> RolloutEngine:
+        """``rollout_engine``: the paged engine (``auto`` on CUDA) or ``PlainSampler`` (``auto`` on CPU)."""
+        cfg = self.cfg
+        name = cfg.rollout_engine
+        if name == "auto":
+            name = "paged" if self.device.type == "cuda" else "plain"
+        if name == "plain":
+            return PlainSampler(self.models.actor, max_batch_size=self._rollout_batch_size(),
+                                kv_dtype=self.precision.compute_dtype)
+        # AdamW's two fp32 moments per trained parameter are allocated at the first optimiser step
+        optimizers = [self.actor_optimizer] + ([self.rm_optimizer] if self.rm_optimizer is not None else [])
+        reserve = sum(8 * p.numel() for o in optimizers if not o.state for g in o.param_groups for p in g["params"])
+        kv_bytes = kv_cache_bytes(self.device, gib=cfg.kv_cache_gib, memory_fraction=cfg.kv_cache_memory_fraction,
+                                  reserve_bytes=reserve)
+        config = EngineConfig(
+            max_model_len=cfg.gen_max_length, kv_cache_bytes=kv_bytes, block_size=cfg.kv_block_size,
+            max_num_seqs=min(cfg.max_num_seqs, cfg.gen_global_batch), max_prefill_batch=cfg.max_prefill_batch,
+            max_prefill_tokens=cfg.max_prefill_tokens, cuda_graph=cfg.cuda_graph, keep_cache=cfg.rollout_keep_cache)
+        try:
+            return PagedEngine(self.models.actor, config, dtype=self.precision.compute_dtype)
+        except ValueError as e:
+            key = "kv_cache_gib" if cfg.kv_cache_gib is not None else "kv_cache_memory_fraction"
+            raise ConfigError(f"{key} in {cfg.config_path}: {e}") from e
 
     def _rollout_batch_size(self) -> int:
         """Sessions per batch of the plain sampler: the whole step on CPU; on a GPU as many as
@@ -279,6 +303,8 @@ class Trainer:
         actor_grad_norm, rm_grad_norm = self.optimizer_steps(update_actor and bool(kept))  # 4.12
         rl_time = time.perf_counter() - t_rl
         peaks.end_phase("rl")
+        if update_actor and kept and hasattr(self.rollout, "sync_weights"):
+            self.rollout.sync_weights(self.models.actor)  # the paged engine's weight copy follows the actor
         return self._step_metrics(
             step, batch, rewards, kept, sums, judge_counters, peaks,
             actor_lr=actor_lr if update_actor else 0.0, rm_lr=rm_lr,
@@ -419,6 +445,7 @@ class Trainer:
             "judge_time": judge_time,
             **{f"max_memory_{name}": gib for name, gib in peaks.phases.items()},
             **{f"judger_{k}": v for k, v in judge_counters.items()},
+            **{f"rollout_{k}": v for k, v in getattr(self.rollout, "last_stats", {}).items()},
         }
         return metrics
 

@@ -1,10 +1,12 @@
-"""Generation: the rollout interface, official next-token sampling and the plain KV-cache sampler."""
+"""Generation: the rollout interface, official next-token sampling, the plain KV-cache sampler and
+the paged engine."""
 
 from oreal_fast.rollout.base import RolloutEngine, SamplingParams, check_prompts, finished, new_token_limits
+from oreal_fast.rollout.engine import EngineConfig, PagedEngine, kv_cache_bytes
 from oreal_fast.rollout.plain_sampler import PlainSampler
 from oreal_fast.rollout.sampling import filter_logits, sample_next_token
 
 __all__ = [
-    "PlainSampler", "RolloutEngine", "SamplingParams", "check_prompts", "filter_logits", "finished",
-    "new_token_limits", "sample_next_token",
+    "EngineConfig", "PagedEngine", "PlainSampler", "RolloutEngine", "SamplingParams", "check_prompts",
+    "filter_logits", "finished", "kv_cache_bytes", "new_token_limits", "sample_next_token",
 ]

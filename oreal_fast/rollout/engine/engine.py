@@ -1,0 +1,228 @@
+"""The paged rollout engine: continuous batching over a paged KV pool, prompts shared by their k
+samples, CUDA-graph decode. Implements `RolloutEngine`; the trainer's default on CUDA.
+
+`generate` loops: whenever waiting work fits, prefill one chunk of it (packed whole prompts; the
+k samples of a prompt take k independent first tokens from its one prefill and share its full
+blocks); else one decode step of every running sequence. Finished sequences free their blocks at
+once and waiting ones take them; when the pool runs out the newest sequence is preempted and
+later recomputed (`scheduler`). Each decode step syncs with the host once (the stop mask); the
+generated tokens stay on the device until the call ends.
+
+Memory (Qwen2.5-0.5B in bf16: 494 M params): the weight copy costs params x 2 bytes (0.99 GB),
+refreshed in place by `sync_weights` after each optimiser step; no fp32 copy is kept. The KV pool
+is `kv_cache_bytes` (12 KiB per token for 0.5B), the logits buffer max_num_seqs x V x 2 bytes
+(311 MB at 1024 x 151 936), the graphs' shared pool about one decode step's activations at
+max_num_seqs (a few hundred MB at 0.5B). With `keep_cache` (default) pool, buffer and graphs stay
+between `generate` calls (the RL phase runs beside them); without it they are freed after each
+call and rebuilt at the next (every bucket recaptured per call; the memory goes back to the RL phase).
+
+Sampling follows reference 4.2 as a distribution (`oreal_fast.kernels.sampling`: inverse CDF on one
+uniform per row drawn from the caller's generator), so a run resumed with the generator's state
+samples what the straight run did.
+
+Not here: block bookkeeping (`block_manager`), admission and preemption (`scheduler`), tensors
+and graphs (`model_runner`).
+Invariant: responses come back in prompt order, each ending with its stop token when it stopped
+on one; after `generate` every KV block is free.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from oreal_fast.kernels.sampling import sample_from_logits
+from oreal_fast.model.decoder import Decoder
+from oreal_fast.rollout.base import SamplingParams, check_prompts, new_token_limits
+from oreal_fast.rollout.engine.block_manager import BlockManager
+from oreal_fast.rollout.engine.model_runner import ModelRunner
+from oreal_fast.rollout.engine.scheduler import PrefillItem, Scheduler
+from oreal_fast.rollout.engine.sequence import group_prompts
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Sizes of the engine (config keys of the same names in brackets, see docs/rollout.md)."""
+
+    max_model_len: int  # longest prompt + response, in tokens [gen_max_length]
+    kv_cache_bytes: int  # bytes of the KV pool [kv_cache_gib, kv_cache_memory_fraction]
+    block_size: int = 16  # token slots per KV block [kv_block_size]
+    max_num_seqs: int = 1024  # sequences decoded together [max_num_seqs]
+    max_prefill_batch: int = 16  # whole prompts per prefill chunk [max_prefill_batch]
+    max_prefill_tokens: int = 16384  # tokens per prefill chunk; a longer prompt goes alone [max_prefill_tokens]
+    cuda_graph: bool = True  # capture decode steps per batch bucket (CUDA only) [cuda_graph]
+    keep_cache: bool = True  # keep pool, logits buffer and graphs between calls [rollout_keep_cache]
+    watermark: float = 0.01  # share of the pool admission leaves free, as vLLM's block-manager watermark
+
+
+def kv_cache_bytes(device: torch.device, *, gib: float | None, memory_fraction: float, reserve_bytes: int = 0) -> int:
+    """Bytes for the KV pool: `gib` GiB when set, else `memory_fraction` of the memory free now
+    (device memory on CUDA, within the process's memory-fraction cap; available RAM on CPU) minus
+    `reserve_bytes` (memory the caller will still allocate, e.g. optimiser states made at the first step)."""
+    if gib is not None:
+        return int(gib * 2**30)
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        # under a per-process cap (gpu_memory_limit_gib) only what the cap leaves counts
+        fraction_of = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _: 1.0)
+        free = min(free, int(fraction_of(device) * total) - torch.cuda.memory_reserved(device))
+    else:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return max(0, int(memory_fraction * (free - reserve_bytes)))
+
+
+class PagedEngine:
+    """Implements `RolloutEngine` (see the module docstring).
+
+    Args:
+        actor: the trained model; the engine copies its config and weights.
+        config: the engine's sizes.
+        dtype: compute dtype of the copy and the pool (default the actor's parameter dtype).
+    """
+
+    def __init__(self, actor: Decoder, config: EngineConfig, *, dtype: torch.dtype | None = None) -> None:
+        self.config = config
+        dtype = dtype or actor.embed.weight.dtype
+        c = actor.config
+        block_bytes = 2 * c.num_layers * config.block_size * c.num_kv_heads * c.head_dim * dtype.itemsize
+        max_blocks_per_seq = -(-config.max_model_len // config.block_size)
+        useful = config.max_num_seqs * max_blocks_per_seq  # more could never be used at once
+        capacity = min(config.kv_cache_bytes // block_bytes, useful)
+        watermark = int(config.watermark * capacity)
+        if capacity - watermark < max_blocks_per_seq:
+            raise ValueError(
+                f"KV pool of {config.kv_cache_bytes / 2**30:.3g} GiB holds {capacity * config.block_size} tokens "
+                f"({block_bytes} bytes per block of {config.block_size}): less than one sequence of "
+                f"max_model_len = {config.max_model_len} tokens; raise kv_cache_gib or kv_cache_memory_fraction")
+        self.blocks = BlockManager(capacity + 1, config.block_size)  # + the null block
+        self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_prefill_batch,
+                                   config.max_prefill_tokens, watermark)
+        self.runner = ModelRunner(actor, dtype=dtype, num_blocks=capacity + 1, block_size=config.block_size,
+                                  max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
+                                  cuda_graph=config.cuda_graph)
+        self.device = self.runner.device
+        self.sample_impl = "triton" if self.device.type == "cuda" else "eager"
+        self.runner.allocate()
+        self.last_stats: dict[str, float] = {}
+
+    def sync_weights(self, actor: Decoder) -> None:
+        """Refresh the weight copy from the actor, in place (call after each optimiser step)."""
+        self.runner.sync_weights(actor)
+
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, generator: torch.Generator,
+        *, max_new_per_prompt: list[int] | None = None,
+    ) -> list[list[int]]:
+        """Sample one response per prompt (see `RolloutEngine.generate`).
+
+        `max_new_per_prompt`: an extra new-token cap per prompt (benchmarks replaying drawn lengths);
+        the stop rule then uses min(this, max_new_tokens, max_length - prompt length).
+        """
+        check_prompts(prompts, params)
+        if params.max_length > self.config.max_model_len:
+            raise ValueError(f"max_length {params.max_length} exceeds the engine's max_model_len "
+                             f"{self.config.max_model_len}")
+        limits = new_token_limits(torch.tensor([len(p) for p in prompts]), params).tolist()
+        if max_new_per_prompt is not None:
+            if len(max_new_per_prompt) != len(prompts) or min(max_new_per_prompt, default=1) < 1:
+                raise ValueError(f"max_new_per_prompt: need one int >= 1 per prompt ({len(prompts)}), "
+                                 f"got {len(max_new_per_prompt)} values, smallest {min(max_new_per_prompt, default=None)}")
+            limits = [min(a, b) for a, b in zip(limits, max_new_per_prompt)]
+        t0 = time.perf_counter()
+        if not self.runner.allocated:
+            self.runner.allocate()
+        groups = group_prompts(prompts, limits)
+        seqs = sorted((s for g in groups for s in g.members), key=lambda s: s.out_row)
+        steps = live = 0
+        with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
+            self.runner.begin(len(prompts), max(limits), params.stop_token_ids)
+            self.scheduler.start(groups)
+            while not self.scheduler.done:
+                chunk = self.scheduler.schedule_prefill()
+                if chunk:
+                    self._prefill(chunk, params, generator)
+                else:
+                    live += self._decode(params, generator)
+                    steps += 1
+            out = self.runner.responses([s.num_new for s in seqs])
+        if not self.config.keep_cache:
+            self.runner.free()
+        self._record_stats(out, steps, live, time.perf_counter() - t0)
+        return out
+
+    def _sample(self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
+        if not params.do_sample:
+            return logits.argmax(dim=-1)
+        uniform = torch.rand(logits.shape[0], generator=generator, device=self.device)
+        return sample_from_logits(logits, uniform, temperature=params.temperature, top_k=params.top_k,
+                                  top_p=params.top_p, impl=self.sample_impl)
+
+    def _prefill(self, chunk: list[PrefillItem], params: SamplingParams, generator: torch.Generator) -> None:
+        runner = self.runner
+        specs = [(it.seqs[0].prompt, it.seqs[0].out_row, 0 if it.fresh else it.seqs[0].num_new - 1, it.table)
+                 for it in chunk]
+        fresh = [i for i, it in enumerate(chunk) if it.fresh]
+        logits = runner.prefill(specs, fresh)
+        first = None
+        if fresh:  # k independent draws from each prompt's one distribution
+            counts = torch.tensor([len(chunk[i].seqs) for i in fresh], device=self.device)
+            total = sum(len(chunk[i].seqs) for i in fresh)
+            first = self._sample(logits.repeat_interleave(counts, dim=0, output_size=total), params, generator)
+        start_row = runner.num_rows
+        runner.copy_blocks(self.scheduler.admit(chunk))
+        pieces, segments, offset, row = [], [], 0, start_row
+        for it in chunk:
+            m = len(it.seqs)
+            if it.fresh:
+                pieces.append(first[offset : offset + m])
+                segments.append((row, offset, m))
+                offset += m
+            else:
+                pieces.append(runner.pending_tokens([it.seqs[0].out_row], [it.seqs[0].num_new]))
+            row += m
+        new = self.scheduler.running[start_row:]
+        runner.add_rows(torch.cat(pieces), [s.length - 1 for s in new], [s.num_new for s in new],
+                        [s.limit for s in new], [s.out_row for s in new], [s.block_table for s in new])
+        done = torch.zeros(runner.num_rows, dtype=torch.bool, device=self.device)
+        for row, offset, m in segments:
+            done[row : row + m] = runner.record(row, first[offset : offset + m])
+        self._finish(done)
+
+    def _decode(self, params: SamplingParams, generator: torch.Generator) -> int:
+        """One decode step of every running sequence; returns how many ran."""
+        runner, scheduler = self.runner, self.scheduler
+        num_rows, entries = scheduler.prepare_decode()
+        if num_rows < runner.num_rows:  # the last rows were preempted
+            runner.keep_rows(np.arange(num_rows))
+        runner.set_blocks(entries)
+        logits = runner.decode(scheduler.max_table_len())
+        tokens = self._sample(logits, params, generator)
+        runner.advance(tokens)
+        scheduler.advance()
+        self._finish(runner.record(0, tokens))
+        return num_rows
+
+    def _finish(self, done: torch.Tensor) -> None:
+        keep = self.scheduler.finish(done.cpu().numpy())  # the step's one host sync
+        if keep is not None:
+            self.runner.keep_rows(keep)
+
+    def _record_stats(self, out: list[list[int]], steps: int, live: int, seconds: float) -> None:
+        s = self.scheduler.stats
+        generated = sum(len(r) for r in out)
+        self.last_stats = {
+            "generated_tokens": generated,
+            "tokens_per_s": generated / max(seconds, 1e-9),
+            "time_s": seconds,
+            "decode_steps": steps,
+            "mean_live_batch": live / max(steps, 1),
+            "peak_kv_use": s.peak_blocks_used / self.blocks.capacity,
+            "prefix_hit_rate": 1.0 - s.prompt_tokens_prefilled / max(s.prompt_tokens, 1),
+            "kv_blocks_saved": s.kv_blocks_saved,
+            "preemptions": s.preemptions,
+            "recomputed_tokens": s.recomputed_tokens,
+        }

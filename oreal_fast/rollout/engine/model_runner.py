@@ -1,0 +1,312 @@
+"""The tensors of the rollout engine: the bf16 weight copy, the KV pool, the running rows'
+device state, and the decode step (eager or one CUDA graph per batch bucket).
+
+KV pool: one tensor [num_layers, 2 (k, v), num_blocks, block_size, Hkv, D] in the compute dtype;
+layer l's caches are the contiguous views `kv[l, 0]` and `kv[l, 1]`, so one indexing op copies a
+block in every layer (copy-on-write of a forked prompt's last block).
+
+Row state (device, `max_num_seqs` rows, the first `num_rows` live, in the scheduler's row order):
+`input_ids` (the pending token), `positions` (its position), `block_tables`
+[max_num_seqs, max_blocks_per_seq] int32, `num_new`, `limits`, `out_rows` (row of the generated-token
+buffer). A decode step derives slot mapping (block_tables[pos // block_size] * block_size +
+pos % block_size) and context lens (pos + 1) from them, so the host writes nothing per step but the
+sampled tokens. Rows past `num_rows` are all zeros: position 0 in the null block, so a CUDA graph
+padded up to its bucket writes the padding rows' k/v into the null block (id 0, `NULL_BLOCK`), which
+nothing reads.
+
+CUDA graphs: one per batch bucket (1, 2, 4, 8, 16, 32, then steps of 32 to 256 and of 64 beyond,
+up to max_num_seqs), captured largest first into one shared memory pool, each after one eager step;
+each runs embedding -> blocks -> final norm -> LM head into the static `logits` buffer
+[max_num_seqs, V] (compute dtype). Sampling and the stop check run after the replay.
+
+Not here: which rows exist (`scheduler`), sampling and the loop (`engine`).
+Invariant: the weights, the pool and the row-state tensors are allocated once and only written in
+place, so captured graphs stay valid; rows >= num_rows are zero.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from oreal_fast.kernels.paged_attention import paged_decode_attention
+from oreal_fast.model.attention import make_backend
+from oreal_fast.model.decoder import Decoder
+from oreal_fast.rollout.base import finished
+
+
+def batch_buckets(max_num_seqs: int) -> list[int]:
+    """Batch sizes that get a CUDA graph: 1, 2, 4, ..., 32, +32 up to 256, +64 beyond; max_num_seqs last."""
+    sizes = [b for b in (1, 2, 4, 8, 16, 32) if b < max_num_seqs]
+    b = 32
+    while b + (32 if b < 256 else 64) < max_num_seqs:
+        b += 32 if b < 256 else 64
+        sizes.append(b)
+    return sizes + [max_num_seqs]
+
+
+class PrefillCache:
+    """`AttentionCache` of a prefill: write k/v at their pool slots, attend the new tokens causally
+    among themselves (no sequence in a prefill has a cached prefix)."""
+
+    def __init__(self, kv: torch.Tensor, slots: torch.Tensor, backend, cu_seqlens: torch.Tensor, max_seqlen: int):
+        self.kv, self.slots, self.backend, self.cu, self.max_seqlen = kv, slots, backend, cu_seqlens, max_seqlen
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        _write(self.kv[layer], self.slots, k, v)
+        return self.backend(q, k, v, self.cu, self.max_seqlen)
+
+
+class DecodeCache:
+    """`AttentionCache` of a decode step: one token per row, written at its slot, attending over
+    the row's whole context through its block table."""
+
+    def __init__(self, kv: torch.Tensor, slots: torch.Tensor, block_tables: torch.Tensor,
+                 context_lens: torch.Tensor, impl: str):
+        self.kv, self.slots, self.block_tables, self.context_lens, self.impl = kv, slots, block_tables, context_lens, impl
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        kv = self.kv[layer]
+        _write(kv, self.slots, k, v)
+        return paged_decode_attention(q, kv[0], kv[1], self.block_tables, self.context_lens, impl=self.impl)
+
+
+def _write(kv: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    if k.dtype != kv.dtype:
+        raise TypeError(f"KV pool holds {kv.dtype} but attention got k/v in {k.dtype}")
+    _, _, _, Hkv, D = kv.shape
+    kv[0].view(-1, Hkv, D).index_copy_(0, slots, k)
+    kv[1].view(-1, Hkv, D).index_copy_(0, slots, v)
+
+
+class ModelRunner:
+    """Owns every tensor of the engine (see the module docstring).
+
+    Args:
+        actor: the trained model; its config and weights are copied (`sync_weights`).
+        dtype: the compute dtype of the copy and of the pool.
+        num_blocks: blocks in the pool, the null block included.
+        block_size: token slots per block.
+        max_num_seqs: rows of the decode batch.
+        max_model_len: longest sequence (prompt + response) a block table covers.
+        cuda_graph: capture the decode step (CUDA only).
+    """
+
+    def __init__(self, actor: Decoder, *, dtype: torch.dtype, num_blocks: int, block_size: int,
+                 max_num_seqs: int, max_model_len: int, cuda_graph: bool) -> None:
+        device = actor.embed.weight.device
+        self.device, self.dtype, self.block_size = device, dtype, block_size
+        self.num_blocks, self.max_num_seqs = num_blocks, max_num_seqs
+        self.max_blocks_per_seq = -(-max_model_len // block_size)
+        self.use_graphs = cuda_graph and device.type == "cuda"
+        # CUDA decodes at the graphs' shapes even eagerly (bucket rows, every block-table column), so
+        # graph and eager steps run the same kernels and pick the same tokens; CPU decodes the live rows
+        self.static_shapes = device.type == "cuda"
+        self.attn_impl = "triton" if device.type == "cuda" else "eager"
+        c = actor.config
+        self.model = Decoder(c, attn_backend="auto", device=device, dtype=dtype).requires_grad_(False).eval()
+        self.prefill_backend = make_backend(self.model.attn_backend)
+        self.sync_weights(actor)
+        R, M = max_num_seqs, self.max_blocks_per_seq
+        zeros = lambda *shape, dtype=torch.int64: torch.zeros(shape, dtype=dtype, device=device)  # noqa: E731
+        self.input_ids, self.positions, self.num_new = zeros(R), zeros(R), zeros(R)
+        self.limits, self.out_rows = zeros(R), zeros(R)
+        self.block_tables = zeros(R, M, dtype=torch.int32)
+        self._cu = torch.arange(R + 1, dtype=torch.int32, device=device)
+        self.num_rows = 0
+        self.kv: torch.Tensor | None = None
+        self.generated: torch.Tensor | None = None
+        self.stop_ids = zeros(0)
+        self.buckets = batch_buckets(max_num_seqs)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.logits: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------ memory
+
+    @torch.no_grad()
+    def sync_weights(self, actor: Decoder) -> None:
+        """Copy the actor's weights into the persistent copy, in place (cast to the compute dtype)."""
+        source = actor.state_dict()
+        for name, p in self.model.state_dict().items():
+            p.copy_(source[name])
+
+    def allocate(self) -> None:
+        """The KV pool and, with CUDA graphs, the logits buffer and the captured graphs."""
+        c = self.model.config
+        self.kv = torch.zeros(c.num_layers, 2, self.num_blocks, self.block_size, c.num_kv_heads, c.head_dim,
+                              dtype=self.dtype, device=self.device)
+        self.logits = torch.empty(self.max_num_seqs, c.vocab_size, dtype=self.dtype, device=self.device)
+        self.model.rope_table()  # made now, outside any graph
+        if self.use_graphs:
+            self._capture()
+
+    def free(self) -> None:
+        """Drop the pool, the graphs and the logits buffer (the weight copy stays)."""
+        self.graphs, self.kv, self.logits, self.generated = {}, None, None, None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    @property
+    def allocated(self) -> bool:
+        return self.kv is not None
+
+    def _capture(self) -> None:
+        pool = None
+        with torch.no_grad():
+            for b in reversed(self.buckets):
+                # an eager step first: kernels that compile or tune per shape do it outside the capture
+                self._decode_forward(b, self.max_blocks_per_seq)
+                torch.cuda.synchronize(self.device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self._decode_forward(b, self.max_blocks_per_seq)
+                pool = graph.pool()
+                self.graphs[b] = graph
+        torch.cuda.synchronize(self.device)
+
+    # ------------------------------------------------------------------ a generate call
+
+    def begin(self, num_outputs: int, max_new: int, stop_ids: tuple[int, ...]) -> None:
+        """Output buffer [num_outputs, max_new] int32 for this call's generated tokens."""
+        self.generated = torch.zeros(num_outputs, max_new, dtype=torch.int32, device=self.device)
+        self.stop_ids = torch.tensor(stop_ids, dtype=torch.int64, device=self.device)
+
+    def responses(self, lengths: list[int]) -> list[list[int]]:
+        """Copy the generated tokens out (the call's one large device-to-host copy)."""
+        host = self.generated.cpu().numpy()
+        return [host[i, :n].tolist() for i, n in enumerate(lengths)]
+
+    # ------------------------------------------------------------------ prefill
+
+    @torch.no_grad()
+    def prefill(self, seqs: list[tuple[list[int], int, int, list[int]]], sample_rows: list[int]) -> torch.Tensor:
+        """One packed forward over whole sequences, writing their k/v into the pool.
+
+        Args:
+            seqs: per packed sequence (prompt, out_row, num_generated_to_include, block table):
+                its tokens are the prompt then the first tokens of its generated row.
+            sample_rows: indices into `seqs` whose last position's logits are wanted.
+
+        Returns:
+            [len(sample_rows), V] logits in the compute dtype.
+        """
+        pieces, pos, slots, lens = [], [], [], []
+        for prompt, out_row, num_gen, table in seqs:
+            pieces.append(torch.tensor(prompt, dtype=torch.int64).to(self.device, non_blocking=True))
+            if num_gen:
+                pieces.append(self.generated[out_row, :num_gen].long())
+            n = len(prompt) + num_gen
+            p = np.arange(n)
+            pos.append(p)
+            slots.append(np.asarray(table, dtype=np.int64)[p // self.block_size] * self.block_size + p % self.block_size)
+            lens.append(n)
+        ids = torch.cat(pieces)
+        positions = torch.from_numpy(np.concatenate(pos)).to(self.device)
+        slot_map = torch.from_numpy(np.concatenate(slots)).to(self.device)
+        cu_host = np.concatenate([[0], np.cumsum(lens)])
+        cu = torch.from_numpy(cu_host).to(self.device, torch.int32)
+        last = torch.from_numpy(cu_host[1:][sample_rows] - 1).to(self.device)
+        cache = PrefillCache(self.kv, slot_map, self.prefill_backend, cu, max(lens))
+
+        def head(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+            return F.linear(hidden[last], weight)
+
+        return self.model(ids, positions, cu, max(lens), cache=cache, head=head)
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy whole blocks, every layer's k and v (copy-on-write of forked prompts)."""
+        if copies:
+            src, dst = (torch.tensor(x, dtype=torch.int64, device=self.device) for x in zip(*copies))
+            self.kv[:, :, dst] = self.kv[:, :, src]
+
+    # ------------------------------------------------------------------ row state
+
+    def add_rows(self, tokens: torch.Tensor, positions: list[int], num_new: list[int], limits: list[int],
+                 out_rows: list[int], tables: list[list[int]]) -> None:
+        """Append rows (in this order) after the live ones; `tokens` [m] are their pending tokens."""
+        n, m = self.num_rows, len(positions)
+        host = np.zeros((m, self.max_blocks_per_seq), dtype=np.int32)
+        for i, t in enumerate(tables):
+            host[i, : len(t)] = t
+        put = lambda dst, values, dtype=torch.int64: dst[n : n + m].copy_(  # noqa: E731
+            torch.as_tensor(values, dtype=dtype), non_blocking=False)
+        self.input_ids[n : n + m] = tokens
+        put(self.positions, positions)
+        put(self.num_new, num_new)
+        put(self.limits, limits)
+        put(self.out_rows, out_rows)
+        put(self.block_tables, host, torch.int32)
+        self.num_rows = n + m
+
+    def pending_tokens(self, out_rows: list[int], num_new: list[int]) -> torch.Tensor:
+        """The last generated token of each (out_row, num_new): a recomputed sequence's pending token."""
+        rows = torch.tensor(out_rows, dtype=torch.int64, device=self.device)
+        cols = torch.tensor(num_new, dtype=torch.int64, device=self.device) - 1
+        return self.generated[rows, cols].long()
+
+    def record(self, first: int, tokens: torch.Tensor) -> torch.Tensor:
+        """Store tokens just sampled for rows first..first+len-1 and check the stop rule there.
+
+        The rows' num_new already counts the token (set by `add_rows`, or by `advance` in decode).
+        Returns the rows' stop mask [len] bool (device).
+        """
+        rows = slice(first, first + tokens.shape[0])
+        self.generated[self.out_rows[rows], self.num_new[rows] - 1] = tokens.to(torch.int32)
+        return finished(tokens, self.num_new[rows], self.limits[rows], self.stop_ids)
+
+    def set_blocks(self, entries: list[tuple[int, int, int]]) -> None:
+        """Write (row, column, block) block-table entries."""
+        if entries:
+            r, c, b = (torch.tensor(x, dtype=torch.int64) for x in zip(*entries))
+            self.block_tables[r.to(self.device), c.to(self.device)] = b.to(self.device, torch.int32)
+
+    def keep_rows(self, keep: np.ndarray) -> None:
+        """Keep only these live rows, in this order, as rows 0..len-1; zero the rest (finished or preempted)."""
+        n, m = self.num_rows, len(keep)
+        idx = torch.from_numpy(keep).to(self.device)
+        for t in (self.input_ids, self.positions, self.num_new, self.limits, self.out_rows, self.block_tables):
+            t[:m] = t[:n].index_select(0, idx)
+            t[m:n] = 0
+        self.num_rows = m
+
+    # ------------------------------------------------------------------ decode
+
+    @torch.no_grad()
+    def decode(self, width: int) -> torch.Tensor:
+        """Logits [num_rows, V] of every live row's pending token (writes its k/v).
+
+        `width`: block-table columns read without `static_shapes` (the longest live table).
+        """
+        n = self.num_rows
+        if not self.static_shapes:
+            self._decode_forward(n, width)
+            return self.logits[:n]
+        b = next(b for b in self.buckets if b >= n)
+        if self.use_graphs:
+            self.graphs[b].replay()
+        else:
+            self._decode_forward(b, self.max_blocks_per_seq)
+        return self.logits[:n]
+
+    def advance(self, tokens: torch.Tensor) -> None:
+        """After a decode step: the sampled tokens become the live rows' pending tokens."""
+        n = self.num_rows
+        self.input_ids[:n] = tokens
+        self.positions[:n] += 1
+        self.num_new[:n] += 1
+
+    def _decode_forward(self, b: int, width: int) -> None:
+        pos = self.positions[:b]
+        tables = self.block_tables[:b, :width]
+        block = tables.gather(1, (pos // self.block_size)[:, None].to(torch.int64))[:, 0]
+        slots = block.to(torch.int64) * self.block_size + pos % self.block_size
+        context = (pos + 1).to(torch.int32)
+        cache = DecodeCache(self.kv, slots, tables, context, self.attn_impl)
+        out = self.logits[:b]
+
+        def head(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+            return torch.mm(hidden, weight.t(), out=out)
+
+        self.model(self.input_ids[:b], pos, self._cu[: b + 1], 1, cache=cache, head=head)
+

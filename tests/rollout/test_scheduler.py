@@ -1,0 +1,110 @@
+"""Admission, chunking, preemption order and counts of the scheduler, on host bookkeeping alone."""
+
+import numpy as np
+import pytest
+
+from oreal_fast.rollout.engine.block_manager import BlockManager
+from oreal_fast.rollout.engine.scheduler import Scheduler
+from oreal_fast.rollout.engine.sequence import Sequence, Status, group_prompts
+
+
+def make(num_blocks, *, block_size=4, max_num_seqs=64, max_prefill_batch=16, max_prefill_tokens=1000, watermark=0):
+    bm = BlockManager(num_blocks, block_size)
+    return Scheduler(bm, max_num_seqs, max_prefill_batch, max_prefill_tokens, watermark), bm
+
+
+def prompts(*specs):
+    """(length, copies) -> prompt lists, distinct token values per prompt."""
+    out = []
+    for i, (n, k) in enumerate(specs):
+        out += [[100 * i + t for t in range(n)]] * k
+    return out
+
+
+def test_identical_prompts_are_grouped_in_first_appearance_order():
+    ps = [[1, 2], [3], [1, 2], [3], [4]]
+    groups = group_prompts(ps, [5] * 5)
+    assert [g.prompt for g in groups] == [[1, 2], [3], [4]]
+    assert [[s.out_row for s in g.members] for g in groups] == [[0, 2], [1, 3], [4]]
+
+
+def test_chunk_is_bounded_by_prompt_count_and_token_budget():
+    s, _ = make(200, max_prefill_batch=2, max_prefill_tokens=25)
+    s.start(group_prompts(prompts((10, 2), (10, 2), (10, 2)), [8] * 6))
+    chunk = s.schedule_prefill()
+    assert [len(it.seqs) for it in chunk] == [2, 2] and all(it.fresh for it in chunk)
+    s.admit(chunk)
+    s2, _ = make(200, max_prefill_batch=8, max_prefill_tokens=25)
+    s2.start(group_prompts(prompts((30, 1), (10, 1)), [8] * 2))
+    assert [it.num_tokens for it in s2.schedule_prefill()] == [30]  # a long first prompt goes alone
+    assert [it.num_tokens for it in s2.schedule_prefill()] == [10]
+
+
+def test_admission_leaves_blocks_for_each_samples_next_token():
+    # prompt of 10 tokens (2 full blocks) x 4 samples needs 2 + 4 = 6 blocks; 5 are usable
+    s, bm = make(6)
+    s.start(group_prompts(prompts((10, 4), (3, 1)), [8] * 5))
+    chunk = s.schedule_prefill()  # nothing runs: the group is split to what fits (3 samples)
+    assert [len(it.seqs) for it in chunk] == [3]
+    s.admit(chunk)
+    assert bm.num_used == 5 and len(s.running) == 3
+    assert s.schedule_prefill() == []  # now something runs: the rest waits rather than prefill twice
+    assert len(s.waiting) == 2
+
+
+def test_rows_limit_splits_a_group():
+    s, _ = make(100, max_num_seqs=3)
+    s.start(group_prompts(prompts((5, 5)), [8] * 5))
+    chunk = s.schedule_prefill()
+    assert [len(it.seqs) for it in chunk] == [3]
+    s.admit(chunk)
+    assert s.schedule_prefill() == [] and len(s.waiting[0].members) == 2
+
+
+def test_preemption_takes_the_newest_first_counts_it_and_requeues_it_in_front():
+    s, bm = make(7)  # 6 usable blocks of 4 tokens
+    s.start(group_prompts(prompts((3, 1), (3, 1), (3, 1), (3, 1)), [20] * 4))
+    chunk = s.schedule_prefill()
+    assert len(chunk) == 4
+    s.admit(chunk)
+    assert bm.num_used == 4  # each sample's pending token (position 3) still fits its first block
+    order = [seq.out_row for seq in s.running]
+    rows, entries = s.prepare_decode()
+    assert (rows, entries) == (4, [])
+    s.advance()  # every pending token now at position 4: four new blocks, two free
+    rows, entries = s.prepare_decode()
+    assert rows == 3 and s.stats.preemptions == 1
+    assert [seq.out_row for seq in s.running] == order[:3]
+    preempted = s.waiting[0]
+    assert isinstance(preempted, Sequence) and preempted.out_row == order[3]
+    assert preempted.status is Status.WAITING and preempted.block_table == [] and preempted.num_new == 2
+    assert [(r, c) for r, c, _ in entries] == [(0, 1), (1, 1), (2, 1)]
+    assert bm.num_used == 6
+    # the first row finishes: its blocks return, the preempted sequence is recomputed next
+    keep = s.finish(np.array([True, False, False]))
+    assert keep.tolist() == [1, 2] and bm.num_used == 4
+    chunk = s.schedule_prefill()
+    assert len(chunk) == 1 and not chunk[0].fresh and chunk[0].num_tokens == 3 + 2 - 1
+    s.admit(chunk)
+    assert s.running[-1] is preempted and s.stats.recomputed_tokens == 4
+
+
+def test_a_pool_too_small_for_one_sequence_is_an_error():
+    s, _ = make(3)  # 2 usable blocks = 8 tokens
+    s.start(group_prompts(prompts((9, 1)), [4]))
+    with pytest.raises(RuntimeError, match="cannot hold one sequence of 10 tokens"):
+        s.schedule_prefill()
+
+
+def test_finished_rows_release_blocks_and_keep_order():
+    s, bm = make(50)
+    s.start(group_prompts(prompts((6, 3), (2, 1)), [9] * 4))
+    s.admit(s.schedule_prefill())
+    used = bm.num_used
+    assert used == 1 + 3 + 1  # one shared full block, three last blocks, the short prompt's block
+    keep = s.finish(np.array([False, True, False, True]))
+    assert keep.tolist() == [0, 2] and [q.out_row for q in s.running] == [0, 2]
+    assert bm.num_used == used - 2
+    assert s.finish(np.array([False, False])) is None
+    s.finish(np.array([True, True]))
+    assert bm.num_used == 0 and s.done
