@@ -110,17 +110,26 @@ def save_hf_folder(folder: str, model: torch.nn.Module, tokenizer: Any) -> None:
 
 
 class _HashingWriter:
-    """A write-only file that counts and hashes what passes through it (no second read)."""
+    """A write-only file that counts and hashes what passes through it (no second read).
+
+    torch.save turns a failed write into a RuntimeError of its zip writer; ``error`` keeps the
+    OSError underneath (ENOSPC, EIO) so that the caller can report what the disk said.
+    """
 
     def __init__(self, f: BinaryIO) -> None:
         self.f = f
         self.sha256 = hashlib.sha256()
         self.num_bytes = 0
+        self.error: OSError | None = None
 
     def write(self, data: bytes) -> int:
         self.sha256.update(data)
         self.num_bytes += len(data)
-        return self.f.write(data)
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
 
     def flush(self) -> None:
         self.f.flush()
@@ -197,7 +206,12 @@ def save_resume_state(run_dir: str, step: int, state: dict[str, Any], keep: int)
 
         def write_state(f: BinaryIO) -> None:
             hashed.append(_HashingWriter(f))
-            torch.save(state, hashed[0])
+            try:
+                torch.save(state, hashed[0])
+            except RuntimeError:
+                if hashed[0].error is None:
+                    raise
+                raise hashed[0].error from None
 
         _write_file(path, write_state)
         entry = {"bytes": hashed[0].num_bytes, "sha256": hashed[0].sha256.hexdigest()}
@@ -341,5 +355,6 @@ def checkpoint_bytes(actor: torch.nn.Module, trained: list[torch.nn.Module]) -> 
     return hf, state
 
 
-def gib(num_bytes: float) -> str:
-    return f"{num_bytes / 2**30:.2f} GiB"
+def size_text(num_bytes: float) -> str:
+    """Bytes as GiB from 1 GiB up, else as MiB."""
+    return f"{num_bytes / 2**30:.2f} GiB" if num_bytes >= 2**30 else f"{num_bytes / 2**20:.2f} MiB"

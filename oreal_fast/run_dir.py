@@ -57,10 +57,12 @@ def check_work_dir(cfg: TrainConfig) -> None:
 
 def check_free_space(cfg: TrainConfig, path: str, need: int, detail: str) -> None:
     """A config error naming ``work_dir`` when the filesystem of ``path`` has less than ``need`` bytes free."""
+    from oreal_fast.checkpoint import size_text
+
     free = shutil.disk_usage(_nearest_existing(path)).free
     if free < need:
-        raise ConfigError(f"work_dir in {cfg.config_path}: a checkpoint needs {need / 2**30:.2f} GiB ({detail}) "
-                          f"but {_nearest_existing(path)} has {free / 2**30:.2f} GiB free; free some space, "
+        raise ConfigError(f"work_dir in {cfg.config_path}: a checkpoint needs {size_text(need)} ({detail}) "
+                          f"but {_nearest_existing(path)} has {size_text(free)} free; free some space, "
                           "pick another work_dir or lower keep_resume_states")
 
 
