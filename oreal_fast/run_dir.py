@@ -111,7 +111,8 @@ class RunFolder:
         for p in found:
             shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.remove(p)
         names = ", ".join(os.path.relpath(p, self.path) for p in found)
-        return f"removed {len(found)} partial file(s) left by an interrupted write, {freed / 2**20:.1f} MiB freed: {names}"
+        return (f"removed {len(found)} partial file(s) left by an interrupted write, {freed / 2**20:.1f} MiB freed: "
+                f"{names}")
 
     def remove(self) -> None:
         """Deletes a folder this process created and nothing was run in (a start that failed)."""

@@ -230,8 +230,8 @@ class Trainer:
         on_disk = 0 if self.run is None else ckpt.states_bytes(self.run.path)
         need = hf + max(0, kept * state - on_disk) if saves else 0
         where = self.run.path if self.run is not None else cfg.work_dir
-        check_free_space(cfg, where, need, f"HF folder {ckpt.size_text(hf)} + {kept} resume state(s) x {ckpt.size_text(state)}"
-                         + (f", {ckpt.size_text(on_disk)} of them already on disk" if on_disk else ""))
+        detail = f"HF folder {ckpt.size_text(hf)} + {kept} resume state(s) x {ckpt.size_text(state)}"
+        check_free_space(cfg, where, need, detail + (f", {ckpt.size_text(on_disk)} on disk" if on_disk else ""))
 
     def _load_data(self) -> None:
         """Prompt records -> difficulty balancing -> seeded sampler (3.1-3.4)."""

@@ -109,7 +109,8 @@ def test_bad_input_exits_2_with_one_line_and_leaves_no_run_folder(tmp_path, tiny
                     "resume/state-N.pt with its manifest state-N.json)")
     elif case == "actor path missing":
         argv = ["--actor", "/no/such/path"]
-        expected = f"config error: actor in {cfg} (set on the command line): the local path '/no/such/path' does not exist"
+        expected = (f"config error: actor in {cfg} (set on the command line): the local path '/no/such/path' "
+                    "does not exist")
     elif case == "torchrun":
         monkeypatch.setenv("WORLD_SIZE", "8")
         expected = ("config error: WORLD_SIZE=8 (torchrun?): oreal-fast trains in one process on one GPU until its "
@@ -125,8 +126,17 @@ def test_bad_input_exits_2_with_one_line_and_leaves_no_run_folder(tmp_path, tiny
     assert not os.path.exists(tmp_path / "some_run" / "run.lock")
 
 
-def test_plot_of_a_folder_without_runs_exits_2_with_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "oreal_fast.plot", str(tmp_path)], capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [f"plot: {tmp_path}: no rank0.log.jsonl here or in a run folder below it"]
+@pytest.mark.parametrize("content", [None, "not json\n", '{"step": 1}\n'])
+def test_plot_of_a_folder_without_a_metrics_file_exits_2_with_one_line(tmp_path, capsys, content):
+    from oreal_fast.plot import main
+
+    expected = {None: f"plot: {tmp_path}: no rank0.log.jsonl here or in a run folder below it",
+                "not json\n": f"plot: {tmp_path}/rank0.log.jsonl:1: not valid JSON (Expecting value)",
+                '{"step": 1}\n': f"plot: {tmp_path}/rank0.log.jsonl:1: no 'avg_judger_reward' (not a metrics row "
+                                 "of oreal-fast)"}[content]
+    if content is not None:
+        (tmp_path / "rank0.log.jsonl").write_text(content)
+    with pytest.raises(SystemExit) as e:
+        main(str(tmp_path))
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [expected]

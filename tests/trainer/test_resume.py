@@ -131,5 +131,9 @@ def test_keep_zero_writes_no_state_and_resume_auto_starts_a_new_run(tmp_path, ti
     run_dir = run(load_config(cfg_path, {"resume": "auto"}))
     assert not os.path.exists(os.path.join(run_dir, "resume"))
     assert sorted(d for d in os.listdir(run_dir) if d.startswith("hf-")) == ["hf-1", "hf-2"]
-    assert f"no resume state under {tmp_path / 'work'}; starting a new run" in text_log(run_dir)
+    log = text_log(run_dir)
+    assert f"no resume state under {tmp_path / 'work'}; starting a new run" in log
     assert rows(run_dir) == straight[:2]
+    # the text line shows the scheduler LR of the frozen step 1, as the official one does, and says so
+    assert "[Step 1] step: 1 actor_lr: 0.0010 (scheduler; actor frozen, not applied) actor_grad_norm" in log
+    assert "[Step 2] step: 2 actor_lr: 0.0010 actor_grad_norm" in log
