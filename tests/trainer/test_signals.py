@@ -2,9 +2,10 @@
 phase, checkpoint write), with one line and exit 130 / 143; ``--resume auto`` then finishes the run
 with exactly the metrics of a run that never stopped.
 
-The run is a real subprocess (the tiny random model, the real command line) started in its own
-session so that its SIGINT disposition is the default; ``cli_driver.py`` holds it inside the phase
-until the test has sent the signal."""
+The signalled run is a real subprocess (the tiny random model, the real command line) started in its
+own session so that its SIGINT disposition is the default; ``cli_driver.py`` holds it inside the
+phase until the test has sent the signal. The straight and the resumed runs go through the same
+command line in this process (``train.main``), which saves a process start each."""
 
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ import time
 
 import pytest
 
+from oreal_fast import trainer
+from oreal_fast.train import main
+
+from cli_driver import EvenLengthRouter
 from test_resume import NOT_REPRODUCIBLE
 from test_step import write_config
 
@@ -52,15 +57,23 @@ def wait_for(path: str, proc: subprocess.Popen) -> None:
         time.sleep(0.02)
 
 
+def in_process(cfg: str, *args: str) -> None:
+    """The command line in this process, with the driver's judger; it must finish (exit 0)."""
+    real = trainer.Router
+    trainer.Router = EvenLengthRouter
+    try:
+        main([cfg, *args])
+    finally:
+        trainer.Router = real
+
+
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory, tiny_model_dir):
     folder = tmp_path_factory.mktemp("straight")
     prompts = folder / "p.jsonl"
     prompts.write_text("".join(json.dumps({"question": f"What is {a} + {a}?", "gold_answer": str(2 * a),
                                            "pass_rate": 0.25}) + "\n" for a in range(1, 9)))
-    cfg = write_config(folder, tiny_model_dir, tiny_model_dir, str(prompts), **SMALL)
-    code, err = finish(cli(cfg))
-    assert code == 0, err[-3000:]
+    in_process(write_config(folder, tiny_model_dir, tiny_model_dir, str(prompts), **SMALL))
     rows = metric_rows(str(folder / "work"))
     assert [r["step"] for r in rows] == [1, 2, 3] and all(r["num_kept"] > 0 for r in rows[1:])
     return str(prompts), rows
@@ -100,7 +113,6 @@ def test_signal_stops_at_a_safe_point_and_resume_matches_a_straight_run(
     assert states[-1] == f"state-{state_after}.pt"
     assert len(metric_rows(str(tmp_path / "work"))) == state_after
 
-    code, err = finish(cli(cfg, "--resume", "auto"))
-    assert code == 0, err[-3000:]
+    in_process(cfg, "--resume", "auto")
     assert metric_rows(str(tmp_path / "work")) == expected
     assert sorted(d for d in os.listdir(run_dir) if d.startswith("hf-")) == ["hf-1", "hf-2", "hf-3"]
