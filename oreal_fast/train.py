@@ -31,14 +31,15 @@ WRITE_ERROR_EXIT = 1
 
 
 def _continue_command(argv: list[str], resume_dir: str | None) -> str:
-    """The command line that continues a run: the same config and overrides, ``--resume`` set."""
+    """The command line that continues a run: the same config and overrides, ``--resume resume_dir``
+    in place of any ``--resume``; with no state on disk (``resume_dir`` None), the command as given."""
     args, skip = [], False
     for a in argv:
         if skip:
             skip = False
-        elif a == "--resume":
+        elif a == "--resume" and resume_dir is not None:
             skip = True
-        elif not a.startswith("--resume="):
+        elif not (a.startswith("--resume=") and resume_dir is not None):
             args.append(a)
     if resume_dir is not None:
         args += ["--resume", resume_dir]
