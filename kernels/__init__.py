@@ -6,6 +6,9 @@ the test oracle and the trainer's ``loss_impl="eager"`` switch.
 
 from oreal_fast.kernels.linear_logprob import IGNORE_INDEX, linear_logprob, linear_logprob_eager
 from oreal_fast.kernels.fused_oreal_loss import fused_oreal_loss, fused_oreal_loss_eager
+from oreal_fast.kernels.paged_attention import paged_decode_attention, paged_decode_attention_eager
+from oreal_fast.kernels.sampling import sample_from_logits, sample_from_logits_eager
 
 __all__ = ["IGNORE_INDEX", "fused_oreal_loss", "fused_oreal_loss_eager", "linear_logprob",
-           "linear_logprob_eager"]
+           "linear_logprob_eager", "paged_decode_attention", "paged_decode_attention_eager",
+           "sample_from_logits", "sample_from_logits_eager"]

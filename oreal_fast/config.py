@@ -120,7 +120,12 @@ class TrainConfig:
     """Official RL batch in sequences (read only when filter_trajectory is False); absent = gen_global_batch.
     Accepted for compatibility, has no effect here: every kept sample is trained once per step."""
     rl_mirco_batch: int = 2
-    """Sequences per packed RL micro-batch (official spelling)."""
+    """Sequences per packed RL micro-batch (official spelling); used when rl_micro_batch_tokens is 0."""
+    rl_micro_batch_tokens: int = 32768
+    """Token budget of a packed RL micro-batch: kept sequences are packed in order while the total
+    stays within it (a longer one goes alone); 0 = the official split of rl_mirco_batch sequences.
+    32768 = 2 x 16384, the official split's largest micro-batch at gen_max_length 16384, so the peak
+    memory is never above what the official split can need (benchmarks/RESULTS.md)."""
     filter_trajectory: bool = True
     """Keep one correct + one incorrect sample per mixed group."""
     warmup_steps: int = 10
@@ -200,7 +205,12 @@ class TrainConfig:
 
     # --- ours ---
     loss_impl: str = "auto"
-    """LM-head loss: auto (fused on CUDA, eager on CPU) | eager | fused."""
+    """The LM-head kernels' impl: auto (triton on CUDA, eager on CPU) | triton | eager."""
+    loss_kernel: str = "linear_logprob"
+    """Actor loss: linear_logprob (fused log-probs, then the loss in PyTorch) | fused_oreal_loss
+    (the whole OREAL loss inside the LM-head kernel)."""
+    gpu_memory_limit_gib: float | None = None
+    """Cap on this process's GPU memory in GiB (e.g. 40 to emulate a 40 GB card on a larger one); None = no cap."""
     device: str = "auto"
     """auto (CUDA if available) | cpu | cuda."""
     resume: str | None = None
@@ -420,7 +430,7 @@ def _check_ranges(c: _Checker, cfg: TrainConfig) -> None:
     at_least = {
         "tp_size": 1, "sp_size": 1, "num_workers": 0, "gen_global_batch": 1, "gen_max_new": 1,
         "gen_max_length": 2, "gen_top_k": 0, "max_prefill_batch": 1, "prompt_repeat_k": 2,
-        "rl_global_batch": 1, "rl_mirco_batch": 1, "warmup_steps": 0, "rm_warmup_steps": 0,
+        "rl_global_batch": 1, "rl_mirco_batch": 1, "rl_micro_batch_tokens": 0, "warmup_steps": 0, "rm_warmup_steps": 0,
         "total_steps": 1, "actor_freeze_steps": 0, "log_interval": 1, "seed": 0,
         "keep_resume_states": 0,
     }
@@ -449,7 +459,8 @@ def _check_ranges(c: _Checker, cfg: TrainConfig) -> None:
         c.fail("max_grad_norm", f"must be > 0, got {cfg.max_grad_norm}")
     choices = {
         "dtype": ("auto", "bf16", "fp16", "fp32"), "reward_shaping_type": ("rloo", "grpo"),
-        "kl_type": ("kl", "unbias", "mse"), "loss_impl": ("auto", "eager", "fused"),
+        "kl_type": ("kl", "unbias", "mse"), "loss_impl": ("auto", "triton", "eager"),
+        "loss_kernel": ("linear_logprob", "fused_oreal_loss"),
         "device": ("auto", "cpu", "cuda"),
     }
     for key, allowed in choices.items():
@@ -517,9 +528,16 @@ def _check_combinations(c: _Checker, cfg: TrainConfig) -> None:
     on_cpu = cfg.device == "cpu" or not torch.cuda.is_available()
     if on_cpu and cfg.dtype in ("bf16", "fp16"):
         c.fail("dtype", f"{cfg.dtype!r} needs a GPU; on CPU use 'fp32' or 'auto' (which picks fp32 there)")
-    if on_cpu and cfg.loss_impl == "fused" and os.environ.get("TRITON_INTERPRET") != "1":
-        c.fail("loss_impl", "'fused' on CPU runs the Triton kernels in their interpreter: set "
+    if on_cpu and cfg.loss_impl == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+        c.fail("loss_impl", "'triton' on CPU runs the Triton kernels in their interpreter: set "
                "TRITON_INTERPRET=1, or use 'eager' or 'auto'")
+    if cfg.gpu_memory_limit_gib is not None:
+        if on_cpu:
+            c.fail("gpu_memory_limit_gib", "caps GPU memory, but the run is on CPU (set it to None)")
+        total = torch.cuda.get_device_properties(0).total_memory / 2**30
+        if not 0 < cfg.gpu_memory_limit_gib <= total:
+            c.fail("gpu_memory_limit_gib", f"must be in (0, {total:.1f}] GiB (this GPU's memory), "
+                   f"got {cfg.gpu_memory_limit_gib}")
 
 
 def _check_judgers(c: _Checker, cfg: TrainConfig) -> None:

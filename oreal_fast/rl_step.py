@@ -1,13 +1,17 @@
-"""The RL phase of one packed micro-batch: forwards, token-RM loss and weights, actor loss (4.9-4.11).
+"""The RL phase: global normalisers, then per packed micro-batch the forwards, token-RM loss and
+weights and the actor loss (4.7-4.11), and the optimiser steps (4.12).
 
 Order: reference log-probs (no grad), token-RM scores -> RM BCE -> RM backward -> token weights,
 then the actor forward -> OREAL loss -> actor backward. The official order runs the actor first
 (reference 10.3); the values and gradients are the same, and finishing the RM's graph before the
 actor's keeps only one model's activations alive at a time.
 
-Only the action positions (labels != -100) reach the LM head: their hidden rows are gathered first,
-so prompt tokens cost no vocabulary-sized work. ``logprob_impl`` picks the fused kernel or its
-eager twin (``oreal_fast.kernels.linear_logprob``); nothing else here depends on it.
+Only the action positions (labels != -100) reach the LM head: their hidden rows are gathered inside
+the model's forward (the ``head`` argument), so prompt tokens cost no vocabulary-sized work and the
+head runs where a parameter-gathering wrapper (FSDP2) sees it. ``RLSettings`` holds everything the
+micro-step needs of the config, built once per run: the loss constants, the RM weight rule, the
+precision and which LM-head kernel computes the actor loss (``linear_logprob`` + the eager loss, or
+``fused_oreal_loss``, each with ``impl`` "triton" or "eager").
 
 Invariant: every returned value is a 0-d tensor on the model's device that SUMs over micro-batches
 into the step's metric; nothing here syncs with the host.
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -26,15 +30,17 @@ from oreal_fast.algo import (
     Normalisers,
     actor_metric_sums,
     cumulative_means,
+    global_normalisers,
     oreal_actor_loss,
     rm_bce_loss,
     rm_token_weights,
     sequence_means,
 )
-from oreal_fast.config import TrainConfig
-from oreal_fast.kernels import linear_logprob
+from oreal_fast.kernels import fused_oreal_loss, linear_logprob
 from oreal_fast.model.decoder import Decoder, TokenRewardModel
-from oreal_fast.trajectories import RLMicroBatch
+from oreal_fast.trajectories import RLMicroBatch, Trajectory, make_micro_batches
+
+LOSS_KERNELS = ("linear_logprob", "fused_oreal_loss")
 
 
 @dataclass
@@ -58,6 +64,49 @@ class Precision:
             return torch.autocast("cuda", dtype=self.compute_dtype)
         return contextlib.nullcontext()
 
+    def kernels_own_precision(self) -> contextlib.AbstractContextManager:
+        """The LM-head kernels and their eager twins pick their own precisions: autocast must not recast them."""
+        return torch.autocast(self.device.type, enabled=False)
+
+
+@dataclass(frozen=True)
+class TokenWeightRule:
+    """The RM token-weight mapping of the config (reference 4.10): threshold or top-k rescale."""
+
+    threshold_rescale: bool
+    correct_threshold: float
+    incorrect_threshold: float
+    topk_rescale: bool
+    correct_topk_ratio: float
+    incorrect_topk_ratio: float
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "TokenWeightRule":
+        return cls(cfg.threshold_rescale, cfg.correct_threshold, cfg.incorrect_threshold,
+                   cfg.topk_rescale, cfg.correct_topk_ratio, cfg.incorrect_topk_ratio)
+
+    def weights(self, cum_means: torch.Tensor, cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(w_pos [A], w_neg [A]) fp32 from the RM's cumulative mean scores."""
+        return rm_token_weights(cum_means, cu_seqlens, **self.__dict__)
+
+
+@dataclass(frozen=True)
+class RLSettings:
+    """What one micro-step needs, built once per run (not read from the config per micro-batch).
+
+    ``impl`` is the kernels' own word ("triton" | "eager"); ``loss_kernel`` one of LOSS_KERNELS.
+    """
+
+    coefficients: LossCoefficients
+    token_weights: TokenWeightRule
+    precision: Precision
+    impl: str
+    loss_kernel: str = "linear_logprob"
+
+    def __post_init__(self) -> None:
+        if self.loss_kernel not in LOSS_KERNELS:
+            raise ValueError(f"RLSettings.loss_kernel {self.loss_kernel!r}: expected one of {LOSS_KERNELS}")
+
 
 class MicroStepSums(NamedTuple):
     """0-d fp32 sums of one micro-batch (already divided by the step's global normalisers)."""
@@ -72,27 +121,28 @@ class MicroStepSums(NamedTuple):
     num_action_tokens: torch.Tensor
 
 
-def action_logprobs(
-    model: Decoder, batch: RLMicroBatch, precision: Precision, impl: str
-) -> torch.Tensor:
-    """log pi(a_t) of every action token of the micro-batch, packed: ``[A]`` fp32.
+def _action_head(batch: RLMicroBatch, settings: RLSettings, lm_head):
+    """A ``Decoder.forward`` head: gathers the action rows, casts to the compute dtype, applies ``lm_head``."""
+    dtype = settings.precision.compute_dtype
 
-    The LM head runs inside the model's forward (as ``head``), on the action rows only."""
-    row, dtype = batch.row, precision.compute_dtype
-    labels = batch.labels.index_select(0, batch.action_index)
-
-    def head(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def head(hidden: torch.Tensor, weight: torch.Tensor):
         hidden = hidden.index_select(0, batch.action_index)  # (A, H)
-        # the kernels (and their eager twin) pick their own precisions: autocast must not recast them
-        with torch.autocast(precision.device.type, enabled=False):
-            return linear_logprob(hidden.to(dtype), weight.to(dtype), labels, impl=impl)
+        with settings.precision.kernels_own_precision():
+            return lm_head(hidden.to(dtype), weight.to(dtype))
 
-    with precision.autocast():
+    return head
+
+
+def action_logprobs(model: Decoder, batch: RLMicroBatch, settings: RLSettings) -> torch.Tensor:
+    """log pi(a_t) of every action token of the micro-batch, packed: ``[A]`` fp32."""
+    row, labels = batch.row, batch.action_labels
+    head = _action_head(batch, settings, lambda h, w: linear_logprob(h, w, labels, impl=settings.impl))
+    with settings.precision.autocast():
         return model(row.input_ids, row.positions, row.cu_seqlens, row.max_seqlen, head=head)
 
 
 def token_rm_step(
-    token_rm: TokenRewardModel, batch: RLMicroBatch, norm: Normalisers, cfg: TrainConfig, precision: Precision
+    token_rm: TokenRewardModel, batch: RLMicroBatch, norm: Normalisers, settings: RLSettings
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """RM forward, BCE loss share (backward done here) and the detached token weights (4.10).
 
@@ -100,54 +150,46 @@ def token_rm_step(
         (rm_loss 0-d detached, w_pos [A] fp32, w_neg [A] fp32).
     """
     row = batch.row
-    with precision.autocast():
+    with settings.precision.autocast():
         scores = token_rm(row.input_ids, row.positions, row.cu_seqlens, row.max_seqlen)  # (T,)
     scores = scores.float().index_select(0, batch.action_index)  # (A,)
     rm_loss = rm_bce_loss(sequence_means(scores, batch.action_cu_seqlens), batch.rewards, norm.num_seqs)
     rm_loss.backward()
-    w_pos, w_neg = rm_token_weights(
-        cumulative_means(scores.detach(), batch.action_cu_seqlens),
-        batch.action_cu_seqlens,
-        threshold_rescale=cfg.threshold_rescale,
-        correct_threshold=cfg.correct_threshold,
-        incorrect_threshold=cfg.incorrect_threshold,
-        topk_rescale=cfg.topk_rescale,
-        correct_topk_ratio=cfg.correct_topk_ratio,
-        incorrect_topk_ratio=cfg.incorrect_topk_ratio,
-    )
+    w_pos, w_neg = settings.token_weights.weights(cumulative_means(scores.detach(), batch.action_cu_seqlens),
+                                                  batch.action_cu_seqlens)
     return rm_loss.detach(), w_pos, w_neg
 
 
+def actor_loss(
+    actor: Decoder, batch: RLMicroBatch, ref_lp: torch.Tensor, w_pos: torch.Tensor | None,
+    w_neg: torch.Tensor | None, norm: Normalisers, settings: RLSettings,
+):
+    """Actor forward and the OREAL loss terms (4.11) with the configured kernel; -> (terms, logprobs [A])."""
+    advantages = batch.advantages.index_select(0, batch.action_seq)  # (A,)
+    is_positive = (batch.rewards > 0).index_select(0, batch.action_seq)  # (A,)
+    row, labels, coefs = batch.row, batch.action_labels, settings.coefficients
+    if settings.loss_kernel == "fused_oreal_loss":
+        head = _action_head(batch, settings, lambda h, w: fused_oreal_loss(
+            h, w, labels, ref_lp, advantages, is_positive, w_pos, w_neg, norm, coefs, impl=settings.impl))
+        with settings.precision.autocast():
+            return actor(row.input_ids, row.positions, row.cu_seqlens, row.max_seqlen, head=head)
+    lp = action_logprobs(actor, batch, settings)
+    return oreal_actor_loss(lp, ref_lp, advantages, is_positive, w_pos, w_neg, norm, coefs), lp
+
+
 def rl_micro_step(
-    models: RLModels,
-    batch: RLMicroBatch,
-    norm: Normalisers,
-    cfg: TrainConfig,
-    precision: Precision,
-    *,
-    update_actor: bool,
-    logprob_impl: str,
+    models: RLModels, batch: RLMicroBatch, norm: Normalisers, settings: RLSettings, *, update_actor: bool
 ) -> MicroStepSums:
     """One micro-batch of the RL phase; accumulates gradients into the actor (if ``update_actor``)
     and the token RM, and returns the micro-batch's metric sums."""
     with torch.no_grad():
-        ref_lp = action_logprobs(models.reference, batch, precision, logprob_impl)
+        ref_lp = action_logprobs(models.reference, batch, settings)
     if models.token_rm is not None:
-        rm_loss, w_pos, w_neg = token_rm_step(models.token_rm, batch, norm, cfg, precision)
+        rm_loss, w_pos, w_neg = token_rm_step(models.token_rm, batch, norm, settings)
     else:
         rm_loss, w_pos, w_neg = ref_lp.new_zeros(()), None, None
     with torch.set_grad_enabled(update_actor):
-        lp = action_logprobs(models.actor, batch, precision, logprob_impl)
-        terms = oreal_actor_loss(
-            lp,
-            ref_lp,
-            batch.advantages.index_select(0, batch.action_seq),
-            (batch.rewards > 0).index_select(0, batch.action_seq),
-            w_pos,
-            w_neg,
-            norm,
-            LossCoefficients.from_config(cfg),
-        )
+        terms, lp = actor_loss(models.actor, batch, ref_lp, w_pos, w_neg, norm, settings)
     if update_actor:
         terms.loss.backward()
     metrics = actor_metric_sums(lp, ref_lp, batch.advantages)
@@ -161,3 +203,39 @@ def rl_micro_step(
         metrics.ref_kl_sum,
         metrics.num_tokens,
     )
+
+
+def rl_phase(
+    models: RLModels, kept: list[Trajectory], settings: RLSettings, *, micro_batch_size: int,
+    token_budget: int, update_actor: bool,
+) -> MicroStepSums:
+    """Global normalisers, then every micro-batch in kept order with gradient accumulation (4.7-4.11).
+
+    Args:
+        kept: the step's kept trajectories (at least one).
+        micro_batch_size, token_budget: the split (``trajectories.plan_micro_batches``).
+
+    Returns:
+        The step's sums over all micro-batches (0-d device tensors; no host sync here).
+    """
+    device = settings.precision.device
+    lens = torch.tensor([t.num_actions for t in kept]).to(device, non_blocking=True)
+    rewards = torch.tensor([t.reward for t in kept]).to(device, non_blocking=True)
+    norm = global_normalisers(lens, rewards)
+    total = None
+    for micro in make_micro_batches(kept, micro_batch_size, token_budget, device):
+        sums = rl_micro_step(models, micro, norm, settings, update_actor=update_actor)
+        total = sums if total is None else MicroStepSums(*(a + b for a, b in zip(total, sums)))
+    return total
+
+
+def clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
+    """Global L2 clip with coefficient min(1, max_norm / (norm + 1e-6)), AdamW step, zero grads (4.12).
+
+    Returns:
+        The pre-clip gradient norm, 0-d on the device (read it once per step, with the metrics).
+    """
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm

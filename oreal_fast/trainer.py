@@ -36,10 +36,10 @@ from tqdm import tqdm
 from oreal_fast import checkpoint as ckpt
 from oreal_fast.algo import (
     ActorMetricSums,
+    LossCoefficients,
     OfficialLRScheduler,
     actor_metrics,
     compute_advantages,
-    global_normalisers,
     select_trajectories,
 )
 from oreal_fast.config import ConfigError, TrainConfig, compatibility_notes, validate_stop_word
@@ -49,12 +49,21 @@ from oreal_fast.data.sampler import PromptSampler, repeat_k
 from oreal_fast.interrupt import StopRun, StopSignals
 from oreal_fast.judge import JudgeItem, Router
 from oreal_fast.metrics import MetricsWriter, dump_trajectories
+from oreal_fast.model.decoder import max_rope_positions
 from oreal_fast.model.hf_io import load_decoder, load_token_rm, load_tokenizer
 from oreal_fast.recompute import apply_selective_recompute
-from oreal_fast.rl_step import MicroStepSums, Precision, RLModels, rl_micro_step
+from oreal_fast.rl_step import (
+    MicroStepSums,
+    Precision,
+    RLModels,
+    RLSettings,
+    TokenWeightRule,
+    clip_and_step,
+    rl_phase,
+)
 from oreal_fast.rollout import PlainSampler, RolloutEngine, SamplingParams
 from oreal_fast.run_dir import CheckpointWriteError, RunFolder, check_free_space, check_work_dir
-from oreal_fast.trajectories import Trajectory, make_micro_batches
+from oreal_fast.trajectories import Trajectory
 
 log = logging.getLogger("oreal_fast")
 
@@ -100,10 +109,16 @@ def resolve_precision(cfg: TrainConfig, device: torch.device) -> Precision:
 
 
 def resolve_loss_impl(cfg: TrainConfig, device: torch.device) -> str:
-    """``loss_impl`` -> the ``impl`` of ``linear_logprob``: fused = Triton kernels, eager = twin."""
+    """``loss_impl`` -> the kernels' ``impl``: auto = Triton kernels on CUDA, the eager twin on CPU."""
     if cfg.loss_impl == "auto":
         return "triton" if device.type == "cuda" else "eager"
-    return "triton" if cfg.loss_impl == "fused" else "eager"
+    return cfg.loss_impl
+
+
+def rl_settings(cfg: TrainConfig, precision: Precision) -> RLSettings:
+    """What every micro-step needs of the config, built once per run."""
+    return RLSettings(LossCoefficients.from_config(cfg), TokenWeightRule.from_config(cfg), precision,
+                      impl=resolve_loss_impl(cfg, precision.device), loss_kernel=cfg.loss_kernel)
 
 
 @dataclass
@@ -139,7 +154,10 @@ class Trainer:
         self.stop = stop or StopSignals()
         self.device = resolve_device(cfg.device)
         self.precision = resolve_precision(cfg, self.device)
-        self.logprob_impl = resolve_loss_impl(cfg, self.device)
+        self.rl_settings = rl_settings(cfg, self.precision)
+        if cfg.gpu_memory_limit_gib is not None:
+            total = torch.cuda.get_device_properties(self.device).total_memory
+            torch.cuda.set_per_process_memory_fraction(cfg.gpu_memory_limit_gib * 2**30 / total, self.device)
         self._notes = compatibility_notes(cfg)  # start-up facts; the text log exists once the folder does
         check_work_dir(cfg)
         self.run, resume, resume_state = self._open_resume()
@@ -254,6 +272,9 @@ class Trainer:
         with model_ref_errors(cfg, "reference"):
             reference = load_decoder(cfg.reference or cfg.actor, dtype=compute, device=device)
         reference.requires_grad_(False).eval()
+        if cfg.gen_max_length > max_rope_positions(actor.config):
+            raise ConfigError(f"gen_max_length in {cfg.config_path}: {cfg.gen_max_length} is above the "
+                              f"{max_rope_positions(actor.config)} positions the actor's rope table covers")
         token_rm = None
         if cfg.token_level_rm is not None:
             with model_ref_errors(cfg, "token_level_rm"):
@@ -300,19 +321,19 @@ class Trainer:
         """One RL step; returns its metrics (official keys first)."""
         cfg = self.cfg
         t_start = time.perf_counter()
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
+        peaks = PhasePeaks(self.device)
         actor_lr, rm_lr = self.step_schedulers(step)                                    # 4.1, 4.13
         update_actor = step >= cfg.actor_freeze_steps                                   # 4.1, 4.14
         self._phase("generate")
         batch, gen_time = self.generate(step)                                           # 3.4, 3.5, 4.2
+        peaks.end_phase("gen")
         self._phase("judge")
         with ThreadPoolExecutor(max_workers=1) as pool:                                 # 4.3 runs while
-            judging = pool.submit(self.judge, batch)                                    # 4.6 repacks
+            judging = pool.submit(_timed, self.judge, batch)                            # 4.6 repacks
             t_infer = time.perf_counter()
             trajectories = self.build_trajectories(batch)                               # 4.6
             infer_time = time.perf_counter() - t_infer
-            rewards, judge_counters = judging.result()
+            (rewards, judge_counters), judge_time = judging.result()
         advantages = compute_advantages(torch.tensor(rewards), cfg.prompt_repeat_k, cfg.reward_shaping_type)  # 4.4
         for t, r, a in zip(trajectories, rewards, advantages.tolist()):
             t.reward, t.advantage = r, a
@@ -324,11 +345,12 @@ class Trainer:
         sums = self.rl_phase(kept, update_actor)                                        # 4.7 - 4.11
         actor_grad_norm, rm_grad_norm = self.optimizer_steps(update_actor and bool(kept))  # 4.12
         rl_time = time.perf_counter() - t_rl
+        peaks.end_phase("rl")
         return self._step_metrics(
-            step, batch, rewards, kept, sums, judge_counters,
+            step, batch, rewards, kept, sums, judge_counters, peaks,
             actor_lr=actor_lr if update_actor else 0.0, rm_lr=rm_lr,
             actor_grad_norm=actor_grad_norm, rm_grad_norm=rm_grad_norm,
-            gen_time=gen_time, infer_time=infer_time, rl_time=rl_time,
+            gen_time=gen_time, judge_time=judge_time, infer_time=infer_time, rl_time=rl_time,
             total_time=time.perf_counter() - t_start,
         )
 
@@ -395,24 +417,16 @@ class Trainer:
             log.warning(msg)
             self.metrics.log_text(f"WARNING {msg}")
             return None
-        device = self.device
-        norm = global_normalisers(
-            torch.tensor([t.num_actions for t in kept], device=device),
-            torch.tensor([t.reward for t in kept], device=device))
-        total = None
-        for micro in make_micro_batches(kept, self.cfg.rl_mirco_batch):
-            sums = rl_micro_step(self.models, micro.to(device), norm, self.cfg, self.precision,
-                                 update_actor=update_actor, logprob_impl=self.logprob_impl)
-            total = sums if total is None else MicroStepSums(*(a + b for a, b in zip(total, sums)))
-        return total
+        return rl_phase(self.models, kept, self.rl_settings, micro_batch_size=self.cfg.rl_mirco_batch,
+                        token_budget=self.cfg.rl_micro_batch_tokens, update_actor=update_actor)
 
     def optimizer_steps(self, update_actor: bool) -> tuple[float, float]:
         """Clip (pre-clip norms returned) and one AdamW step per trained model (4.12)."""
         actor_norm = rm_norm = 0.0
         if update_actor:
-            actor_norm = _clip_and_step(self.models.actor, self.actor_optimizer, self.cfg.max_grad_norm)
+            actor_norm = float(clip_and_step(self.models.actor, self.actor_optimizer, self.cfg.max_grad_norm))
         if self.models.token_rm is not None:
-            rm_norm = _clip_and_step(self.models.token_rm, self.rm_optimizer, self.cfg.max_grad_norm)
+            rm_norm = float(clip_and_step(self.models.token_rm, self.rm_optimizer, self.cfg.max_grad_norm))
         return actor_norm, rm_norm
 
     # ----------------------------------------------------------------------------------------
@@ -427,8 +441,9 @@ class Trainer:
             for t in kept
         ]
 
-    def _step_metrics(self, step, batch, rewards, kept, sums, judge_counters, *, actor_lr, rm_lr,
-                      actor_grad_norm, rm_grad_norm, gen_time, infer_time, rl_time, total_time) -> dict:
+    def _step_metrics(self, step, batch, rewards, kept, sums, judge_counters, peaks, *, actor_lr, rm_lr,
+                      actor_grad_norm, rm_grad_norm, gen_time, judge_time, infer_time, rl_time,
+                      total_time) -> dict:
         """The official keys of 5.1 (dp = 1, so every one is global), then ours."""
         zero = torch.zeros(())
         if sums is None:
@@ -455,7 +470,7 @@ class Trainer:
             "kl_penalty_loss": values["kl_penalty_loss"],
             "rl_loss": values["positive_loss"] + values["negative_loss"] + values["kl_penalty_loss"],
             "token_level_rm_loss": values["token_level_rm_loss"],
-            "max_memory": _peak_memory_gib(self.device),
+            "max_memory": peaks.step_peak(),
             "avg_new_tokens": sum(len(r) for r in batch.response_ids) / len(batch.response_ids),
             "num_rl_tokens": num_rl_tokens,
             "infer_tgs": int(num_gen_tokens / max(infer_time, 1e-9)),
@@ -468,6 +483,8 @@ class Trainer:
             # ours, after the official keys
             "num_kept": len(kept),
             "gen_tgs": int(sum(len(r) for r in batch.response_ids) / max(gen_time, 1e-9)),
+            "judge_time": judge_time,
+            **{f"max_memory_{name}": gib for name, gib in peaks.phases.items()},
             **{f"judger_{k}": v for k, v in judge_counters.items()},
         }
         return metrics
@@ -554,7 +571,7 @@ class Trainer:
         every = cfg.checkpoint_every()
         self.metrics.log_text(f"run {self.run_dir}: config {cfg.config_path}, {self.total_steps} steps, "
                               f"device {self.device}, compute {self.precision.compute_dtype}, "
-                              f"logprobs {self.logprob_impl}")
+                              f"LM-head kernels {self.rl_settings.loss_kernel} ({self.rl_settings.impl})")
         if self.start_step >= self.total_steps:
             log.info(f"{self.run_dir}: all {self.total_steps} steps are done; nothing left to run")
         done = saved = self.start_step  # steps finished / covered by the newest resume state
@@ -610,19 +627,31 @@ def _or(value, default):
     return default if value is None else value
 
 
-def _clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> float:
-    """Global L2 clip with coefficient min(1, max_norm / (norm + 1e-6)), AdamW step, zero grads."""
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return float(norm)
+class PhasePeaks:
+    """Peak memory of each phase of a step (GiB): allocated GPU memory, reset between phases; on CPU
+    the process's peak resident size so far (which only grows)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.phases: dict[str, float] = {}
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def end_phase(self, name: str) -> None:
+        if self.device.type == "cuda":
+            self.phases[name] = torch.cuda.max_memory_allocated(self.device) / 2**30
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            self.phases[name] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+    def step_peak(self) -> float:
+        return max(self.phases.values())
 
 
-def _peak_memory_gib(device: torch.device) -> float:
-    """Peak allocated GPU memory of the step; on CPU the process's peak resident size."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+def _timed(fn, *args):
+    """(fn(*args), seconds it took)."""
+    t0 = time.perf_counter()
+    return fn(*args), time.perf_counter() - t0
 
 
 def train(cfg: TrainConfig, stop: StopSignals | None = None) -> str:

@@ -2,8 +2,13 @@
 
 A trajectory is one prompt's token ids plus one sampled response (stop token kept). Its labels are
 pre-shifted as the official trainer's: ``[-100] * (P - 1) + response + [-100]``, so the last prompt
-position predicts the first response token and the final position predicts nothing. A micro-batch
-packs ``rl_mirco_batch`` trajectories, in kept order, into one varlen row.
+position predicts the first response token and the final position predicts nothing.
+
+Micro-batches take the kept trajectories in kept order. The official split packs ``rl_mirco_batch``
+trajectories per micro-batch; with a token budget (``rl_micro_batch_tokens``) consecutive
+trajectories are packed until the next one would pass the budget (one longer than the budget goes
+alone). Every loss term is divided by the step's global counts, so any split gives the same loss and
+gradient up to floating-point summation order (docs/differences.md).
 
 Invariant: the action tokens of a micro-batch (labels != -100) appear in packed order, so the
 per-token tensors of the loss are the concatenation of each trajectory's R response tokens.
@@ -52,7 +57,7 @@ class RLMicroBatch:
 
     Attributes:
         row: the packed ``input_ids``, ``positions``, ``cu_seqlens``, ``max_seqlen``.
-        labels: [T] int64, -100 off the action tokens.
+        action_labels: [A] int64, the sampled token of every action position, in packed order.
         rewards: [n] fp32, +1 / -1.
         advantages: [n] fp32.
         action_index: [A] int64, packed position of every action token (A = sum R_i), in order.
@@ -61,7 +66,7 @@ class RLMicroBatch:
     """
 
     row: PackedRow
-    labels: torch.Tensor
+    action_labels: torch.Tensor
     rewards: torch.Tensor
     advantages: torch.Tensor
     action_index: torch.Tensor
@@ -69,42 +74,88 @@ class RLMicroBatch:
     action_cu_seqlens: torch.Tensor
 
     def to(self, device: torch.device) -> "RLMicroBatch":
-        row = PackedRow(
-            input_ids=self.row.input_ids.to(device),
-            positions=self.row.positions.to(device),
-            cu_seqlens=self.row.cu_seqlens.to(device),
-            max_seqlen=self.row.max_seqlen,
-        )
-        return RLMicroBatch(
-            row=row,
-            labels=self.labels.to(device),
-            rewards=self.rewards.to(device),
-            advantages=self.advantages.to(device),
-            action_index=self.action_index.to(device),
-            action_seq=self.action_seq.to(device),
-            action_cu_seqlens=self.action_cu_seqlens.to(device),
-        )
+        """The same micro-batch on ``device``, moved in two copies (one int64 buffer, one fp32)."""
+        return _move_all([self], device)[0]
 
 
 def make_micro_batch(trajectories: list[Trajectory]) -> RLMicroBatch:
-    """Packs trajectories (each with at least one response token) into one micro-batch."""
+    """Packs trajectories (each with at least one response token) into one micro-batch (host tensors)."""
     lens = torch.tensor([t.num_actions for t in trajectories], dtype=torch.int64)
     labels = torch.tensor([x for t in trajectories for x in t.labels], dtype=torch.int64)
+    action_index = torch.nonzero(labels != IGNORE_INDEX).squeeze(1)  # on the host: no device sync on a mask
     return RLMicroBatch(
         row=pack_sequences([t.input_ids for t in trajectories]),
-        labels=labels,
+        action_labels=labels[action_index],
         rewards=torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
         advantages=torch.tensor([t.advantage for t in trajectories], dtype=torch.float32),
-        # built here, on the host, so the device never has to sync on a boolean mask
-        action_index=torch.nonzero(labels != IGNORE_INDEX).squeeze(1),
+        action_index=action_index,
         action_seq=torch.repeat_interleave(torch.arange(len(trajectories)), lens),
         action_cu_seqlens=torch.nn.functional.pad(torch.cumsum(lens, 0), (1, 0)),
     )
 
 
-def make_micro_batches(trajectories: list[Trajectory], micro_batch_size: int) -> list[RLMicroBatch]:
-    """Consecutive groups of ``micro_batch_size`` in kept order; the last may be smaller (4.8)."""
-    return [
-        make_micro_batch(trajectories[i : i + micro_batch_size])
-        for i in range(0, len(trajectories), micro_batch_size)
-    ]
+def plan_micro_batches(num_tokens: list[int], micro_batch_size: int, token_budget: int) -> list[range]:
+    """Consecutive groups of trajectory indices, in kept order (4.8).
+
+    Args:
+        num_tokens: prompt + response length of each kept trajectory.
+        micro_batch_size: trajectories per micro-batch when ``token_budget`` is 0 (the official
+            split; the last group may be smaller).
+        token_budget: > 0 packs trajectories while the group's total stays <= the budget; a
+            trajectory longer than the budget forms a group of its own.
+
+    Returns:
+        Index ranges covering 0 .. len(num_tokens) - 1 once each, in order.
+    """
+    n = len(num_tokens)
+    if token_budget <= 0:
+        return [range(i, min(i + micro_batch_size, n)) for i in range(0, n, micro_batch_size)]
+    groups, start, total = [], 0, 0
+    for i, length in enumerate(num_tokens):
+        if i > start and total + length > token_budget:
+            groups.append(range(start, i))
+            start, total = i, 0
+        total += length
+    if n:
+        groups.append(range(start, n))
+    return groups
+
+
+def make_micro_batches(
+    trajectories: list[Trajectory], micro_batch_size: int, token_budget: int, device: torch.device
+) -> list[RLMicroBatch]:
+    """The step's micro-batches on ``device`` (see ``plan_micro_batches``), moved in two copies in all."""
+    groups = plan_micro_batches([t.num_tokens for t in trajectories], micro_batch_size, token_budget)
+    return _move_all([make_micro_batch([trajectories[i] for i in g]) for g in groups], device)
+
+
+_INT_FIELDS = ("action_labels", "action_index", "action_seq", "action_cu_seqlens")
+_FLOAT_FIELDS = ("rewards", "advantages")
+
+
+def _move_all(batches: list[RLMicroBatch], device: torch.device) -> list[RLMicroBatch]:
+    """Moves every tensor of ``batches`` with one int64 and one fp32 host-to-device copy.
+
+    Each small tensor copied on its own costs a synchronous transfer; concatenated into one pinned
+    buffer, the copies overlap with the GPU work already queued.
+    """
+    ints = [t for b in batches for t in (b.row.input_ids, b.row.positions, b.row.cu_seqlens.long(),
+                                         *(getattr(b, f) for f in _INT_FIELDS))]
+    floats = [getattr(b, f) for b in batches for f in _FLOAT_FIELDS]
+    pin = device.type == "cuda"
+    int_parts = _copy_concat(ints, device, pin).split([t.numel() for t in ints])
+    float_parts = _copy_concat(floats, device, pin).split([t.numel() for t in floats])
+    moved = []
+    for i, b in enumerate(batches):
+        ids, positions, cu, *rest = int_parts[7 * i : 7 * i + 7]
+        row = PackedRow(ids, positions, cu.to(torch.int32), b.row.max_seqlen)
+        rewards, advantages = float_parts[2 * i : 2 * i + 2]
+        moved.append(RLMicroBatch(row, rest[0], rewards, advantages, *rest[1:]))
+    return moved
+
+
+def _copy_concat(tensors: list[torch.Tensor], device: torch.device, pin: bool) -> torch.Tensor:
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    if pin:
+        flat = flat.pin_memory()
+    return flat.to(device, non_blocking=pin)

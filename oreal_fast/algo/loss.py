@@ -218,7 +218,7 @@ def actor_metric_sums(
         seq_advantages.float().sum(),
         -lp.sum(),
         (lp - ref_logprobs.float()).sum(),
-        torch.tensor(float(lp.numel()), device=lp.device),
+        torch.full((), float(lp.numel()), device=lp.device),  # a fill, not a host-to-device copy
     )
 
 

@@ -313,17 +313,8 @@ class Decoder(nn.Module):
         return 2 * c.num_layers * c.num_kv_heads * c.head_dim * itemsize
 
     def estimate_flops(self, seq_lens: list[int]) -> int:
-        """Forward FLOPs of the trunk on one packed row (no LM head; backward is about 2x this).
-
-        Matmuls: 2 * (block weight-matrix entries) per token. Causal attention: QK^T and PV each cost
-        2 * D per (query, key) pair and head, over n (n + 1) / 2 pairs per sequence of length n.
-        The LM head adds 2 * V * H per scored token, and the caller knows how many it scores.
-        """
-        c = self.config
-        H, q_out, kv_out = c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        matmul_params = c.num_layers * (H * (2 * q_out + 2 * kv_out) + 3 * H * c.intermediate_size)
-        pairs = sum(n * (n + 1) // 2 for n in seq_lens)
-        return 2 * matmul_params * sum(seq_lens) + 4 * c.head_dim * c.num_heads * c.num_layers * pairs
+        """Forward FLOPs of the trunk on one packed row (`trunk_flops` of this config)."""
+        return trunk_flops(self.config, seq_lens)
 
 
 class TokenRewardModel(nn.Module):
@@ -375,3 +366,17 @@ def benchmark_forward(
             if i >= warmup:
                 times.append(ms)
     return sorted(times)[len(times) // 2]
+
+
+def trunk_flops(config: DecoderConfig, seq_lens: list[int]) -> int:
+    """Forward FLOPs of the trunk on one packed row (no LM head; backward is about 2x this).
+
+    Matmuls: 2 * (block weight-matrix entries) per token. Causal attention: QK^T and PV each cost
+    2 * D per (query, key) pair and head, over n (n + 1) / 2 pairs per sequence of length n.
+    The LM head adds 2 * V * H per scored token, and the caller knows how many it scores.
+    """
+    c = config
+    H, q_out, kv_out = c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    matmul_params = c.num_layers * (H * (2 * q_out + 2 * kv_out) + 3 * H * c.intermediate_size)
+    pairs = sum(n * (n + 1) // 2 for n in seq_lens)
+    return 2 * matmul_params * sum(seq_lens) + 4 * c.head_dim * c.num_heads * c.num_layers * pairs

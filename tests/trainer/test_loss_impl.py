@@ -1,6 +1,6 @@
-"""A full OREAL micro-batch gives the same losses and the same parameter gradients with the fused
-LM-head kernels (loss_impl="fused") as with their eager twin: on CPU under the Triton interpreter
-in fp32, and on a GPU in bf16."""
+"""A full OREAL micro-batch gives the same losses and the same parameter gradients with the Triton
+LM-head kernels (loss_impl="triton"; loss_kernel linear_logprob or fused_oreal_loss) as with their
+eager twin: on CPU under the Triton interpreter in fp32, and on a GPU in bf16."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from oreal_fast.algo import global_normalisers
 from oreal_fast.config import load_config
 from oreal_fast.model.hf_io import load_decoder, load_token_rm
 from oreal_fast.rl_step import Precision, RLModels, rl_micro_step
+from oreal_fast.trainer import rl_settings
 from oreal_fast.trajectories import Trajectory, make_micro_batch
 
 from test_step import write_config
@@ -26,12 +27,12 @@ CASES = [
 ]
 
 
-def micro_step(cfg, actor_dir, ref_dir, device, dtype, impl):
+def micro_step(cfg, actor_dir, ref_dir, device, dtype, impl, loss_kernel="linear_logprob"):
     dev = torch.device(device)
     models = RLModels(
-        actor=load_decoder(actor_dir, dtype=torch.float32, device=dev),
+        actor=load_decoder(actor_dir, dtype=torch.float32, device=dev, compute_dtype=dtype),
         reference=load_decoder(ref_dir, dtype=dtype, device=dev),
-        token_rm=load_token_rm(ref_dir, dtype=torch.float32, device=dev),
+        token_rm=load_token_rm(ref_dir, dtype=torch.float32, device=dev, compute_dtype=dtype),
     )
     with torch.no_grad():
         head = torch.randn(1, 32, generator=torch.Generator().manual_seed(0))
@@ -43,18 +44,21 @@ def micro_step(cfg, actor_dir, ref_dir, device, dtype, impl):
              for n_p, n_r, r, a in [(23, 41, 1.0, 0.75), (23, 67, -1.0, -0.25)]]
     batch = make_micro_batch(trajs)
     norm = global_normalisers(torch.tensor([41, 67], device=dev), torch.tensor([1.0, -1.0], device=dev))
-    sums = rl_micro_step(models, batch.to(dev), norm, cfg, Precision(dev, dtype), update_actor=True,
-                         logprob_impl=impl)
+    cfg.loss_impl, cfg.loss_kernel = impl, loss_kernel
+    settings = rl_settings(cfg, Precision(dev, dtype))
+    sums = rl_micro_step(models, batch.to(dev), norm, settings, update_actor=True)
     grads = {f"actor.{n}": p.grad.float().cpu() for n, p in models.actor.named_parameters()}
     grads.update({f"rm.{n}": p.grad.float().cpu() for n, p in models.token_rm.named_parameters()})
     return {k: float(v) for k, v in sums._asdict().items()}, grads
 
 
+@pytest.mark.parametrize("loss_kernel", ["linear_logprob", "fused_oreal_loss"])
 @pytest.mark.parametrize("device,dtype,rel,grad_rel", CASES)
 def test_fused_and_eager_micro_batch_agree(tmp_path, tiny_model_dir, perturbed_actor_dir, prompt_file,
-                                           device, dtype, rel, grad_rel):
+                                           device, dtype, rel, grad_rel, loss_kernel):
     cfg = load_config(write_config(tmp_path, perturbed_actor_dir, tiny_model_dir, prompt_file))
-    fused_sums, fused_grads = micro_step(cfg, perturbed_actor_dir, tiny_model_dir, device, dtype, "triton")
+    fused_sums, fused_grads = micro_step(cfg, perturbed_actor_dir, tiny_model_dir, device, dtype, "triton",
+                                         loss_kernel)
     eager_sums, eager_grads = micro_step(cfg, perturbed_actor_dir, tiny_model_dir, device, dtype, "eager")
     assert fused_sums["positive_loss"] != 0 and fused_sums["kl_penalty_loss"] != 0
     for key, value in eager_sums.items():

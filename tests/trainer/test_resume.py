@@ -13,15 +13,10 @@ from oreal_fast import checkpoint as ckpt
 from oreal_fast.config import ConfigError, load_config
 from oreal_fast.trainer import Trainer
 
-from conftest import KeywordRouter, ScriptedRollout, make_tokenizer
+from conftest import KeywordRouter, ScriptedRollout, make_tokenizer, reproducible
 from test_step import write_config
 
 TEXTS = ["yes, 2", "no", "yes it is 4", "not sure", "the answer is no", "yes!"]
-# Wall-clock timings and the process's peak memory differ between any two runs.
-NOT_REPRODUCIBLE = {"max_memory", "infer_tgs", "rl_tgs", "gen_tgs", "gen_time", "infer_time",
-                    "rl_time", "total_time", "eta"}
-
-
 def run(cfg, fail_at_call=None) -> str:
     tok = make_tokenizer()
     rollout = ScriptedRollout(tok, TEXTS, tok.convert_tokens_to_ids("<|im_end|>"), fail_at_call=fail_at_call)
@@ -31,7 +26,7 @@ def run(cfg, fail_at_call=None) -> str:
 
 def rows(run_dir: str) -> list[dict]:
     with open(os.path.join(run_dir, "rank0.log.jsonl")) as f:
-        return [{k: v for k, v in json.loads(line).items() if k not in NOT_REPRODUCIBLE} for line in f]
+        return [reproducible(json.loads(line)) for line in f]
 
 
 def text_log(run_dir: str) -> str:

@@ -22,7 +22,7 @@ from oreal_fast import trainer
 from oreal_fast.train import main
 
 from cli_driver import EvenLengthRouter
-from test_resume import NOT_REPRODUCIBLE
+from conftest import reproducible
 from test_step import write_config
 
 DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cli_driver.py")
@@ -46,7 +46,7 @@ def finish(proc: subprocess.Popen) -> tuple[int, str]:
 def metric_rows(work_dir: str) -> list[dict]:
     (run,) = [d for d in os.listdir(work_dir)]
     with open(os.path.join(work_dir, run, "rank0.log.jsonl")) as f:
-        return [{k: v for k, v in json.loads(line).items() if k not in NOT_REPRODUCIBLE} for line in f]
+        return [reproducible(json.loads(line)) for line in f]
 
 
 def wait_for(path: str, proc: subprocess.Popen) -> None:

@@ -1,0 +1,105 @@
+"""Where one RL phase's time goes as the loop runs it (the `short` case of test_bench_rl_loop.py).
+
+  python benchmarks/profile_rl_loop.py --out rl_loop_profile.json
+
+Profiles three variants with torch.profiler, each after one warm-up phase:
+  before        what the loop ran before token budgets: fp32-master models choose attention for
+                the fp32 storage dtype (per-sequence SDPA, one host sync per layer), 2 sequences
+                per micro-batch
+  official_split  attention chosen for the bf16 compute dtype (varlen), 2 sequences per micro-batch
+  oreal_fast    varlen attention, micro-batches packed to the 32768-token budget
+and reports, per variant: wall time, GPU-busy time (union of kernel intervals), the busy fraction,
+kernel count, host syncs (cudaStreamSynchronize / cudaDeviceSynchronize / blocking D2H copies) and
+the top kernels by GPU time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from rl_shapes import DEVICE, rl_models
+from test_bench_rl_loop import short_case
+
+from oreal_fast.config import TrainConfig
+from oreal_fast.model.attention import make_backend
+from oreal_fast.rl_step import Precision, clip_and_step, rl_phase
+from oreal_fast.trainer import rl_settings
+
+SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+
+
+def _use_backend(models, name: str) -> None:
+    backend = make_backend(name)
+    for model in (models.actor, models.token_rm.backbone):
+        for block in model.blocks:
+            inner = getattr(block, "_checkpoint_wrapped_module", block)
+            inner.attn.backend = backend
+
+
+def _busy_ms(events) -> float:
+    spans = sorted((e.time_range.start, e.time_range.end) for e in events)
+    busy, end = 0.0, float("-inf")
+    for s, e in spans:
+        if s > end:
+            busy += e - s
+            end = e
+        elif e > end:
+            busy += e - end
+            end = e
+    return busy / 1e3
+
+
+def profile_variant(name: str, budget: int, backend: str) -> dict:
+    kept = short_case()
+    models = rl_models()
+    _use_backend(models, backend)
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-7, fused=True) for m in (models.actor, models.token_rm)]
+    settings = rl_settings(TrainConfig(actor="random", datasets="none"), Precision(torch.device(DEVICE), torch.bfloat16))
+
+    def phase():
+        rl_phase(models, kept, settings, micro_batch_size=2, token_budget=budget, update_actor=True)
+        clip_and_step(models.actor, opts[0], 1.0)
+        clip_and_step(models.token_rm, opts[1], 1.0)
+        torch.cuda.synchronize()
+
+    phase()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        phase()
+        wall_ms = (time.perf_counter() - t0) * 1e3
+    events = prof.events()
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    syncs = sum(1 for e in events if e.name in SYNC_EVENTS)
+    d2h = sum(1 for e in events if e.name == "cudaMemcpyAsync" and e.device_type != torch.autograd.DeviceType.CUDA)
+    by_name: dict[str, float] = {}
+    for k in kernels:
+        by_name[k.name] = by_name.get(k.name, 0.0) + k.device_time / 1e3
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
+    busy = _busy_ms(kernels)
+    num_tokens = sum(t.num_tokens for t in kept)
+    return {"variant": name, "wall_ms": wall_ms, "gpu_busy_ms": busy, "busy_fraction": busy / wall_ms,
+            "tokens_per_s": num_tokens / wall_ms * 1e3, "num_kernels": len(kernels), "host_syncs": syncs,
+            "memcpy_calls": d2h, "top_kernels_ms": top}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    results = [profile_variant("before", 0, "sdpa"), profile_variant("official_split", 0, "varlen"),
+               profile_variant("oreal_fast", 32768, "varlen")]
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=1)
+    for r in results:
+        print(f"{r['variant']:>15}: wall {r['wall_ms']:8.1f} ms  busy {r['gpu_busy_ms']:8.1f} ms "
+              f"({100 * r['busy_fraction']:4.1f} %)  {r['tokens_per_s']:8.0f} tok/s  kernels {r['num_kernels']}  "
+              f"syncs {r['host_syncs']}  memcpy {r['memcpy_calls']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""The RL phase of one whole step as the trainer's loop runs it: `rl_step.rl_phase` over all kept
+trajectories, then clip + AdamW for the actor and the token RM (what the loop's `rl_time` covers),
+at Qwen2.5-0.5B shape (random init; fp32 masters computing in bf16, reference in bf16).
+
+Run: `pytest benchmarks/test_bench_rl_loop.py --benchmark-only` (CUDA only).
+Providers:
+  oreal_fast      micro-batches packed to the default token budget (rl_micro_batch_tokens 32768)
+  official_split  the official 2 sequences per micro-batch (rl_micro_batch_tokens 0)
+Cases (fixed seeds):
+  short  64 kept sequences, 32 prompts x 2 samples, 470-token prompt + 150..220-token responses
+         (~660 tokens each, the shape of a capped-response run)
+  mixed  64 sequences with a long-tailed length mix 200 .. 16384 (most short, a few near the cap)
+The process is capped at 40 GiB (`torch.cuda.set_per_process_memory_fraction`) for the whole case,
+so a case that needs more fails. extra_info: tokens_per_s, mfu (rl_shapes.py), peak_gib (optimiser
+states included), num_micro_batches.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+
+import pytest
+import torch
+
+from rl_shapes import DEVICE, PEAK_FLOPS, rl_models, rl_phase_flops, trajectories
+
+from oreal_fast.config import TrainConfig
+from oreal_fast.rl_step import Precision, clip_and_step, rl_phase
+from oreal_fast.trainer import rl_settings
+from oreal_fast.trajectories import plan_micro_batches
+
+CAP_GIB = 40.0
+BUDGETS = {"oreal_fast": 32768, "official_split": 0}
+
+
+def short_case():
+    gen = torch.Generator().manual_seed(1)
+    responses = torch.randint(150, 221, (64,), generator=gen).tolist()
+    kept = trajectories([470] * 64, responses, seed=1)
+    for i in range(1, 64, 2):
+        kept[i].prompt_ids = kept[i - 1].prompt_ids  # two samples of each prompt
+    return kept
+
+
+def mixed_case():
+    gen = torch.Generator().manual_seed(2)
+    u = torch.rand(64, generator=gen).tolist()
+    totals = [int(200 * (16384 / 200) ** (x**3)) for x in u]  # long tail: median ~ 300, max ~ 16k
+    prompts = [min(470, t // 2) for t in totals]
+    return trajectories(prompts, [t - p for t, p in zip(totals, prompts)], seed=2)
+
+
+CASES = {"short": short_case, "mixed": mixed_case}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("provider", list(BUDGETS))
+def test_rl_loop(benchmark, provider, case):
+    gc.collect()
+    torch.cuda.empty_cache()
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(CAP_GIB * 2**30 / total)
+    try:
+        kept = CASES[case]()
+        models = rl_models()
+        actor_opt = torch.optim.AdamW(models.actor.parameters(), lr=1e-7, weight_decay=0.01, fused=True)
+        rm_opt = torch.optim.AdamW(models.token_rm.parameters(), lr=1e-7, weight_decay=0.01, fused=True)
+        settings = rl_settings(TrainConfig(actor="random", datasets="none"), Precision(torch.device(DEVICE), torch.bfloat16))
+        budget = BUDGETS[provider]
+
+        def phase():
+            rl_phase(models, kept, settings, micro_batch_size=2, token_budget=budget, update_actor=True)
+            clip_and_step(models.actor, actor_opt, 1.0)
+            clip_and_step(models.token_rm, rm_opt, 1.0)
+            torch.cuda.synchronize()
+
+        phase()  # warm-up: kernels compiled, optimiser states allocated
+        torch.cuda.reset_peak_memory_stats()
+        benchmark.pedantic(phase, rounds=2, iterations=1)
+        median = benchmark.stats.stats.median
+        groups = plan_micro_batches([t.num_tokens for t in kept], 2, budget)
+        num_tokens = sum(t.num_tokens for t in kept)
+        benchmark.extra_info.update(
+            tokens_per_s=num_tokens / median,
+            num_tokens=num_tokens,
+            mfu=rl_phase_flops(kept, groups) / median / PEAK_FLOPS,
+            peak_gib=torch.cuda.max_memory_allocated() / 2**30,
+            num_micro_batches=len(groups),
+            max_micro_batch_tokens=max(sum(kept[i].num_tokens for i in g) for g in groups),
+        )
+        assert math.isfinite(median)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)

@@ -1,0 +1,377 @@
+"""Decode attention over a paged K/V pool: one query token per sequence, any context length.
+
+The math this file replaces, as eager code (per sequence b, GQA group size G = Hq // Hkv):
+
+    n = context_lens[b]
+    slots = block_tables[b, :cdiv(n, bs)]                       # block ids, in order
+    k = k_cache[slots].reshape(-1, Hkv, D)[:n]                  # [n, Hkv, D]
+    v = v_cache[slots].reshape(-1, Hkv, D)[:n]
+    k, v = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)  # [n, Hq, D]: q head i reads kv head i // G
+    s = torch.einsum("hd,nhd->hn", q[b].float(), k.float()) * scale
+    out[b] = torch.einsum("hn,nhd->hd", s.softmax(-1), v.float()).to(q.dtype)
+
+Never allocated: the gathered [B, L, Hkv, D] keys/values, or any [B, Hq, L] scores.
+
+Flash-decoding, in two stages. Stage 1 (`_paged_decode_split_kernel`), grid (B, Hkv, num_splits):
+a program takes one KV head of one sequence and all G query heads that read it, as the rows of
+one `tl.dot` (padded to 16 rows, the smallest dot tile; the padding is masked), and walks one
+split of the sequence's tokens in tiles of BLOCK_N, each row gathered through the block table
+(so any block size works and a tile may span blocks). Online softmax in base 2 (log2 e is folded
+into the scale, so each exponential is one ex2). The split is the sequence's own length divided
+by num_splits, so short sequences in a batch of long ones still spread over the splits; a
+program whose split starts past the context writes a neutral partial (max -inf, sum 0). Stage 2
+(`_paged_decode_combine_kernel`), grid (B, Hq), merges the splits by log-sum-exp weighting. With
+one split, stage 1 writes the output itself and stage 2 does not run.
+
+num_splits comes from shapes only: enough programs to fill the SMs (B * Hkv against
+`_PROGRAMS_PER_SM` per multiprocessor), at most one split per `min_split_tokens` of the block
+table's span (max_blocks * block_size). Nothing reads context_lens on the host and the workspace
+size depends on shapes only, so the call is CUDA-graph capturable.
+
+Memory: reads each sequence's K and V once (2 * n * Hkv * D elements), q once. Workspace with
+num_splits > 1: [B, Hq, num_splits, D] fp32 partial outputs and [B, Hq, num_splits] fp32 max and
+sum, written and read once. FLOPs: 4 * n * Hq * D per sequence (the padded dot rows do
+16 / G times that on the tensor cores; decode is memory-bound, so this costs no time).
+
+Accumulators: scores, max, sum and the output accumulator are fp32; the probabilities are
+rounded to the K/V dtype before the P @ V dot (as flash attention does), so bf16 outputs carry
+about bf16 rounding error. All pool offsets are int64 (a 20 GiB pool overflows int32 element
+offsets).
+
+Limits: D a power of two in 16..256 (64 and 128 tested on GPU); G = Hq // Hkv at most 128;
+context_lens must be in [1, max_blocks * block_size]: the Triton path does not check it (a check
+is a device-side assert per call, i.e. extra kernels on the decode hot path), the eager twin does.
+Block-table entries past a sequence's length are never read, nor are pool slots past its
+context. The last dimension of q and of the pools must be contiguous, as must block_tables' rows.
+On CPU the Triton path runs only under TRITON_INTERPRET=1 with fp32 inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+IMPLS = ("triton", "eager")
+_LOG2E = 1.4426950408889634
+# Stand-in for -inf inside the walk: exp2 of it minus a real max is 0, never NaN. Every tile the
+# walk visits holds at least one real token, so the running max is real after the first tile.
+_NEG_BIG = tl.constexpr(-1.0e30)
+# Stage 1 aims for this many programs per multiprocessor: decode is memory-bound, and several
+# resident programs per SM keep enough loads in flight.
+_PROGRAMS_PER_SM = 4
+_MAX_SPLITS = 32
+# Eager twin: sequences per chunk so that one gathered K (or V) chunk holds about this many elements.
+_EAGER_CHUNK_ELEMS = 2**24
+
+
+@dataclass(frozen=True)
+class _Tiles:
+    """Tile size of the key/value walk, the shortest split worth a program, launch shape."""
+
+    block_n: int
+    min_split_tokens: int
+    num_warps: int
+    num_stages: int
+
+
+_TILES_CUDA = _Tiles(block_n=64, min_split_tokens=512, num_warps=4, num_stages=2)
+# The interpreter gets small tiles and short splits, so small test shapes cross tiles and splits.
+_TILES_INTERPRET = _Tiles(block_n=16, min_split_tokens=32, num_warps=1, num_stages=1)
+# The interpreter has no SM count; this stands in for the number of programs to aim for.
+_INTERPRET_TARGET_PROGRAMS = 8
+
+
+@triton.jit
+def _paged_decode_split_kernel(
+    Q_ptr, K_ptr, V_ptr, BT_ptr, CL_ptr, O_ptr, M_ptr, L_ptr,
+    stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+    stride_btb, stride_ob, stride_oh, stride_os,
+    qk_scale, G, num_splits,
+    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    s = tl.program_id(2)
+    n_ctx = tl.load(CL_ptr + b)
+    # This split's share of the sequence, whole tiles: splits past the context stay empty.
+    per_split = tl.cdiv(tl.cdiv(n_ctx, num_splits), BLOCK_N) * BLOCK_N
+    start = s * per_split
+    end = tl.minimum(start + per_split, n_ctx)
+
+    g = tl.arange(0, BLOCK_G)
+    g_ok = g < G  # rows past the group are padding of the dot tile
+    heads = h * G + g
+    d = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                mask=g_ok[:, None], other=0.0)
+    bt_row = BT_ptr + b * stride_btb
+    k_head = K_ptr + h * stride_kh
+    v_head = V_ptr + h * stride_vh
+
+    m = tl.full((BLOCK_G,), _NEG_BIG, tl.float32)
+    l = tl.zeros((BLOCK_G,), tl.float32)
+    acc = tl.zeros((BLOCK_G, HEAD_DIM), tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        tok = n0 + tl.arange(0, BLOCK_N)
+        ok = tok < end
+        # Masked: table entries and pool slots past the context are never read (they may hold
+        # stale ids and NaN).
+        blk = tl.load(bt_row + tok // BLOCK_SIZE, mask=ok, other=0).to(tl.int64)
+        slot = (tok % BLOCK_SIZE).to(tl.int64)
+        k = tl.load(k_head + blk[:, None] * stride_kb + slot[:, None] * stride_kt + d[None, :],
+                    mask=ok[:, None], other=0.0)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # (BLOCK_G, BLOCK_N)
+        qk = tl.where(ok[None, :], qk, _NEG_BIG)
+        m_new = tl.maximum(m, tl.max(qk, 1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        v = tl.load(v_head + blk[:, None] * stride_vb + slot[:, None] * stride_vt + d[None, :],
+                    mask=ok[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+        m = m_new
+
+    if SPLIT:
+        # Unnormalised partials: an empty split (l = 0) stays 0 instead of 0 / 0.
+        ms_off = (b * (G * tl.num_programs(1)) + heads) * num_splits + s
+        tl.store(M_ptr + ms_off, tl.where(l > 0, m, float("-inf")), mask=g_ok)
+        tl.store(L_ptr + ms_off, l, mask=g_ok)
+        tl.store(O_ptr + b * stride_ob + heads[:, None] * stride_oh + s * stride_os + d[None, :],
+                 acc, mask=g_ok[:, None])
+    else:
+        # One split covers the whole context, which holds at least one token: l > 0.
+        out = acc / l[:, None]
+        tl.store(O_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
+                 out.to(O_ptr.dtype.element_ty), mask=g_ok[:, None])
+
+
+@triton.jit
+def _paged_decode_combine_kernel(
+    W_ptr, M_ptr, L_ptr, Out_ptr, stride_outb, stride_outh, num_splits,
+    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    hq = tl.program_id(1)
+    row = b * tl.num_programs(1) + hq
+    s = tl.arange(0, BLOCK_S)
+    s_ok = s < num_splits
+    m = tl.load(M_ptr + row * num_splits + s, mask=s_ok, other=float("-inf"))
+    l = tl.load(L_ptr + row * num_splits + s, mask=s_ok, other=0.0)
+    # Split 0 always holds the first token, so m_all is finite and empty splits weigh
+    # exp2(-inf) = 0.
+    m_all = tl.max(m, 0)
+    w = tl.exp2(m - m_all)
+    d = tl.arange(0, HEAD_DIM)
+    o = tl.load(W_ptr + (row * num_splits + s)[:, None] * HEAD_DIM + d[None, :],
+                mask=s_ok[:, None], other=0.0)
+    out = tl.sum(w[:, None] * o, 0) / tl.sum(w * l, 0)
+    tl.store(Out_ptr + b * stride_outb + hq * stride_outh + d, out.to(Out_ptr.dtype.element_ty))
+
+
+def _tiles(device: torch.device) -> _Tiles:
+    return _TILES_CUDA if device.type == "cuda" else _TILES_INTERPRET
+
+
+def _num_splits(B: int, Hkv: int, max_tokens: int, tiles: _Tiles, device: torch.device) -> int:
+    """Splits of stage 1 from shapes only: fill the GPU, never below `min_split_tokens` a split."""
+    if device.type == "cuda":
+        target = _PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+    else:
+        target = _INTERPRET_TARGET_PROGRAMS
+    by_load = triton.cdiv(target, max(B * Hkv, 1))
+    by_length = max(1, max_tokens // tiles.min_split_tokens)
+    return max(1, min(by_load, by_length, _MAX_SPLITS))
+
+
+def _check_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  block_tables: torch.Tensor, context_lens: torch.Tensor) -> None:
+    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"paged_decode_attention: q must be [B, Hq, D] and k_cache, v_cache one "
+                         f"[num_blocks, block_size, Hkv, D] shape; got q {tuple(q.shape)}, k_cache "
+                         f"{tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}")
+    B, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    if k_cache.shape[3] != D or Hkv == 0 or Hq % Hkv:
+        raise ValueError(f"paged_decode_attention: q [B, Hq={Hq}, D={D}] does not fit the pool "
+                         f"[.., .., Hkv={Hkv}, D={k_cache.shape[3]}] (Hq must be a multiple of Hkv)")
+    if not q.dtype == k_cache.dtype == v_cache.dtype:
+        raise ValueError(f"paged_decode_attention: q, k_cache, v_cache must share one dtype; got "
+                         f"{q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    if block_tables.dim() != 2 or block_tables.shape[0] != B or block_tables.dtype != torch.int32:
+        raise ValueError(f"paged_decode_attention: block_tables must be [B={B}, max_blocks] int32; "
+                         f"got {tuple(block_tables.shape)} {block_tables.dtype}")
+    if context_lens.shape != (B,) or context_lens.dtype != torch.int32:
+        raise ValueError(f"paged_decode_attention: context_lens must be [B={B}] int32; got "
+                         f"{tuple(context_lens.shape)} {context_lens.dtype}")
+    devices = {t.device for t in (q, k_cache, v_cache, block_tables, context_lens)}
+    if len(devices) != 1:
+        raise ValueError(f"paged_decode_attention: all inputs must be on one device; got {devices}")
+
+
+def _check_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  block_tables: torch.Tensor, context_lens: torch.Tensor) -> None:
+    D = q.shape[2]
+    if D < 16 or D > 256 or D & (D - 1):
+        raise ValueError(f"paged_decode_attention(impl='triton'): head dim must be a power of two "
+                         f"in 16..256, got {D}")
+    if q.shape[1] // k_cache.shape[2] > 128:
+        raise ValueError(f"paged_decode_attention(impl='triton'): at most 128 query heads per KV "
+                         f"head, got {q.shape[1] // k_cache.shape[2]}")
+    if q.stride(2) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
+        raise ValueError("paged_decode_attention(impl='triton'): the last dimension of q, k_cache "
+                         "and v_cache must be contiguous")
+    if block_tables.stride(1) != 1 or not context_lens.is_contiguous():
+        raise ValueError("paged_decode_attention(impl='triton'): block_tables rows and "
+                         "context_lens must be contiguous")
+    if q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"paged_decode_attention(impl='triton') takes bf16, fp16 or fp32, got {q.dtype}")
+    if q.device.type == "cpu" and q.dtype != torch.float32:
+        raise ValueError("paged_decode_attention(impl='triton') on CPU (TRITON_INTERPRET=1) needs "
+                         f"fp32 inputs, got {q.dtype}; use impl='eager'")
+
+
+def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
+            num_splits: int | None) -> torch.Tensor:
+    """Runs stage 1 (and stage 2 with more than one split); returns out [B, Hq, D] in q's dtype."""
+    B, Hq, D = q.shape
+    block_size, Hkv = k_cache.shape[1], k_cache.shape[2]
+    G = Hq // Hkv
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if B == 0:
+        return out
+    tiles = _tiles(q.device)
+    S = num_splits or _num_splits(B, Hkv, block_tables.shape[1] * block_size, tiles, q.device)
+    if S > 1:
+        work = torch.empty((B, Hq, S, D), dtype=torch.float32, device=q.device)
+        m, l = (torch.empty((B, Hq, S), dtype=torch.float32, device=q.device) for _ in range(2))
+        dst, dst_strides = work, (work.stride(0), work.stride(1), work.stride(2))
+    else:
+        m = l = out  # unused: stage 1 writes the output directly
+        dst, dst_strides = out, (out.stride(0), out.stride(1), 0)
+    _paged_decode_split_kernel[(B, Hkv, S)](
+        q, k_cache, v_cache, block_tables, context_lens, dst, m, l,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0), *dst_strides,
+        scale * _LOG2E, G, S,
+        BLOCK_SIZE=block_size, HEAD_DIM=D, BLOCK_G=max(16, triton.next_power_of_2(G)),
+        BLOCK_N=tiles.block_n, SPLIT=S > 1,
+        # fp32 inputs get a true fp32 dot (tf32 would cost ~1e-3 relative error).
+        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )
+    if S > 1:
+        _paged_decode_combine_kernel[(B, Hq)](
+            work, m, l, out, out.stride(0), out.stride(1), S,
+            HEAD_DIM=D, BLOCK_S=triton.next_power_of_2(S), num_warps=1,
+        )
+    return out
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    *,
+    scale: float | None = None,
+    impl: str = "triton",
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Attention of one query token per sequence over its paged K/V context (decode step).
+
+    No host sync and no allocation that depends on data: capturable in a CUDA graph.
+
+    Args:
+        q: [B, Hq, D] bf16/fp16/fp32 (fp32 only on CPU, under TRITON_INTERPRET=1).
+        k_cache: [num_blocks, block_size, Hkv, D] same dtype: one layer's key pool.
+        v_cache: same shape and dtype: the value pool.
+        block_tables: [B, max_blocks] int32, each sequence's block ids in order; entries past
+            its length are never read.
+        context_lens: [B] int32 in [1, max_blocks * block_size], the tokens of each sequence in
+            the pool, the current token's included (it sees all of them).
+        scale: softmax scale, default D ** -0.5.
+        impl: "triton" (the kernels) or "eager" (`paged_decode_attention_eager`).
+        num_splits: splits of the context per sequence (> 0); None picks it from the shapes.
+
+    Returns:
+        out: [B, Hq, D] in q's dtype.
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"paged_decode_attention: impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "eager":
+        return paged_decode_attention_eager(q, k_cache, v_cache, block_tables, context_lens,
+                                            scale=scale, num_splits=num_splits)
+    _check_inputs(q, k_cache, v_cache, block_tables, context_lens)
+    _check_triton(q, k_cache, v_cache, block_tables, context_lens)
+    if num_splits is not None and num_splits < 1:
+        raise ValueError(f"paged_decode_attention: num_splits must be >= 1, got {num_splits}")
+    scale = q.shape[2] ** -0.5 if scale is None else scale
+    return _launch(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits)
+
+
+def _eager_chunk(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """out [b, Hq, D] of a chunk of b sequences, by gathering their blocks (fp32 or fp64 math)."""
+    b, Hq, D = q.shape
+    block_size, Hkv = k_cache.shape[1], k_cache.shape[2]
+    L = block_tables.shape[1] * block_size
+    valid = torch.arange(L, device=q.device)[None, :] < context_lens[:, None]  # (b, L)
+    # Table entries past a sequence's length may hold anything: point them at block 0, then mask.
+    table = torch.where(valid[:, ::block_size], block_tables, 0).long()  # (b, max_blocks)
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    keep = valid[:, :, None, None]
+    # Zero the masked slots (stale NaN there would survive a zero probability).
+    k = torch.where(keep, k_cache[table].view(b, L, Hkv, D), 0).to(dtype)  # (b, L, Hkv, D)
+    v = torch.where(keep, v_cache[table].view(b, L, Hkv, D), 0).to(dtype)
+    qg = q.reshape(b, Hkv, Hq // Hkv, D).to(dtype)  # (b, Hkv, G, D): q head i reads kv head i // G
+    s = torch.einsum("bhgd,blhd->bhgl", qg, k) * scale
+    s = s.masked_fill(~valid[:, None, None, :], float("-inf"))
+    o = torch.einsum("bhgl,blhd->bhgd", s.softmax(-1), v)  # (b, Hkv, G, D)
+    return o.reshape(b, Hq, D).to(q.dtype)
+
+
+def paged_decode_attention_eager(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    *,
+    scale: float | None = None,
+    impl: str = "eager",
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """The plain-PyTorch twin of `paged_decode_attention` (the CPU path and the test oracle).
+
+    Gathers each chunk of sequences' blocks into [b, L, Hkv, D] and attends in fp32 (fp64 for
+    fp64 inputs), a chunk of sequences at a time so memory stays near `_EAGER_CHUNK_ELEMS`
+    elements per gathered pool. On CPU it reads context_lens to gather only the blocks in use
+    (on a GPU that would be a host sync, so there the whole table is gathered). Same arguments
+    and return as `paged_decode_attention`; `num_splits` is accepted and has no effect.
+    """
+    if impl != "eager":
+        raise ValueError(f"paged_decode_attention_eager: impl must be 'eager', got {impl!r}")
+    _check_inputs(q, k_cache, v_cache, block_tables, context_lens)
+    B, Hq, D = q.shape
+    block_size, Hkv = k_cache.shape[1], k_cache.shape[2]
+    max_blocks = block_tables.shape[1]
+    in_range = (context_lens >= 1) & (context_lens <= max_blocks * block_size)
+    torch._assert_async(in_range.all(), "paged_decode_attention: context_lens must be in "
+                        f"[1, max_blocks * block_size = {max_blocks * block_size}]")
+    scale = D ** -0.5 if scale is None else scale
+    if q.device.type == "cpu" and B > 0:
+        max_blocks = triton.cdiv(int(context_lens.max()), block_size)
+    out = torch.empty_like(q)
+    rows = max(1, _EAGER_CHUNK_ELEMS // max(max_blocks * block_size * Hkv * D, 1))
+    for b0 in range(0, B, rows):
+        sl = slice(b0, b0 + rows)
+        out[sl] = _eager_chunk(q[sl], k_cache, v_cache, block_tables[sl, :max_blocks],
+                               context_lens[sl], scale)
+    return out

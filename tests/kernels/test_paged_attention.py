@@ -1,0 +1,271 @@
+"""Parity of paged_decode_attention (Triton and eager) with an independent fp64 dense reference.
+
+Each case builds contiguous reference keys/values per sequence and scatters them into randomly
+permuted blocks of a pool whose other slots (unused blocks, slots past each context) are NaN;
+table entries past each sequence's length point at NaN blocks or hold -1. The fp64 truth is plain
+attention over each sequence's own tokens of the contiguous reference, one sequence at a time.
+CPU: fp32 under TRITON_INTERPRET=1, small head dims. GPU (skipped without CUDA): bf16 at the
+Qwen2.5 shapes, long contexts, CUDA-graph capture.
+"""
+
+import importlib
+
+import pytest
+import torch
+
+from oreal_fast.kernels import paged_decode_attention, paged_decode_attention_eager
+
+# The module itself (the package re-exports a function of the same name).
+pa = importlib.import_module("oreal_fast.kernels.paged_attention")
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+NAN = float("nan")
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _inputs(lens, Hq, Hkv, D, block_size, device, dtype=torch.float32, extra_blocks=2, seed=0):
+    """q, k_cache, v_cache, block_tables, context_lens and the contiguous reference k_ref, v_ref
+    [B, L, Hkv, D] (fp32, L = max_blocks * block_size) that the pool holds, block by block."""
+    g = torch.Generator().manual_seed(seed)
+    B = len(lens)
+    used = [_cdiv(n, block_size) for n in lens]
+    max_blocks = max(used, default=0) + extra_blocks
+    L = max_blocks * block_size
+    q = torch.randn(B, Hq, D, generator=g)
+    k_ref = torch.randn(B, L, Hkv, D, generator=g)
+    v_ref = torch.randn(B, L, Hkv, D, generator=g)
+    num_stale = 3  # NaN blocks that stale table entries point at
+    num_blocks = sum(used) + num_stale
+    perm = torch.randperm(num_blocks, generator=g)
+    k_cache = torch.full((num_blocks, block_size, Hkv, D), NAN)
+    v_cache = torch.full_like(k_cache, NAN)
+    tables = torch.empty(B, max_blocks, dtype=torch.int32)
+    stale = perm[:num_stale]
+    first = num_stale
+    for b, n in enumerate(lens):
+        ids = perm[first:first + used[b]]
+        first += used[b]
+        tables[b, :used[b]] = ids.int()
+        rest = max_blocks - used[b]
+        tables[b, used[b]:] = torch.where(torch.arange(rest) % 2 == 0, stale[torch.arange(rest) % num_stale], -1).int()
+        t = torch.arange(n)
+        slots = ids[t // block_size] * block_size + t % block_size  # (n,)
+        k_cache.view(-1, Hkv, D)[slots] = k_ref[b, :n]
+        v_cache.view(-1, Hkv, D)[slots] = v_ref[b, :n]
+    to = dict(device=device)
+    return (q.to(dtype=dtype, **to), k_cache.to(dtype=dtype, **to), v_cache.to(dtype=dtype, **to),
+            tables.to(**to), torch.tensor(lens, dtype=torch.int32, device=device),
+            k_ref.to(dtype=dtype, **to), v_ref.to(dtype=dtype, **to))
+
+
+def _truth(q, k_ref, v_ref, lens, scale):
+    """fp64 attention of each sequence over its first lens[b] reference tokens, [B, Hq, D]."""
+    G = q.shape[1] // k_ref.shape[2]
+    out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
+    for b, n in enumerate(lens):
+        k = k_ref[b, :n].double().repeat_interleave(G, 1)  # (n, Hq, D)
+        v = v_ref[b, :n].double().repeat_interleave(G, 1)
+        p = (torch.einsum("hd,nhd->hn", q[b].double(), k) * scale).softmax(-1)
+        out[b] = torch.einsum("hn,nhd->hd", p, v)
+    return out
+
+
+def _lowp_reference(q, k_ref, v_ref, lens, scale):
+    """Dense attention over the contiguous padded reference as a flash kernel in q's dtype does
+    it: fp32 scores and softmax, probabilities rounded to q's dtype for P @ V, output rounded."""
+    B, Hq, D = q.shape
+    L, Hkv = k_ref.shape[1], k_ref.shape[2]
+    keep = torch.arange(L, device=q.device)[None, :] < torch.tensor(lens, device=q.device)[:, None]
+    qg = q.float().view(B, Hkv, Hq // Hkv, D)
+    s = torch.einsum("bhgd,blhd->bhgl", qg, k_ref.float()) * scale
+    p = s.masked_fill(~keep[:, None, None, :], float("-inf")).softmax(-1).to(q.dtype).float()
+    o = torch.einsum("bhgl,blhd->bhgd", p, v_ref.float())  # (B, Hkv, G, D)
+    return o.reshape(B, Hq, D).to(q.dtype)
+
+
+def _rel_err(got, ref):
+    return float((got.double() - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def _assert_no_worse(name, got, truth, lowp, margin):
+    """got's norm-wise relative error against truth is at most lowp's plus margin; on failure,
+    names the worst element and all three values."""
+    assert torch.isfinite(got).all(), f"{name}: {int((~torch.isfinite(got)).sum())} non-finite outputs"
+    err, bound = _rel_err(got, truth), _rel_err(lowp, truth) + margin
+    if err > bound:
+        worst = (got.double() - truth).abs().argmax()
+        idx = tuple(int(i) for i in torch.unravel_index(worst, truth.shape))
+        raise AssertionError(f"{name}: relative error {err:.3e} > {bound:.3e} (reference's + margin); "
+                             f"worst at {idx}: got {float(got[idx]):.7g}, fp64 {float(truth[idx]):.7g}, "
+                             f"low-dtype reference {float(lowp[idx]):.7g}")
+
+
+def _check(lens, Hq, Hkv, D, block_size, impl, device, dtype=torch.float32, margin=2e-6,
+           num_splits=None, scale=None, seed=0):
+    q, kc, vc, tables, ctx, k_ref, v_ref = _inputs(lens, Hq, Hkv, D, block_size, device, dtype,
+                                                   seed=seed)
+    s = D ** -0.5 if scale is None else scale
+    out = paged_decode_attention(q, kc, vc, tables, ctx, scale=scale, impl=impl,
+                                 num_splits=num_splits)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    _assert_no_worse(f"{impl} B{len(lens)} Hq{Hq} Hkv{Hkv} D{D} bs{block_size}", out,
+                     _truth(q, k_ref, v_ref, lens, s), _lowp_reference(q, k_ref, v_ref, lens, s),
+                     margin)
+
+
+HEADS = [(2, 2), (4, 2), (14, 2)]  # GQA groups 1, 2, 7
+
+
+@pytest.mark.parametrize("impl", ["triton", "eager"])
+@pytest.mark.parametrize("block_size", [16, 64])
+@pytest.mark.parametrize("Hq,Hkv", HEADS, ids=[f"G{q // kv}" for q, kv in HEADS])
+def test_edge_lengths_match_fp64(Hq, Hkv, block_size, impl, device):
+    """One token, exactly a block, a block plus one, several blocks: B = 5 (not a power of two)."""
+    bs = block_size
+    _check([1, bs, bs + 1, 3 * bs + 5, 2], Hq, Hkv, 16, bs, impl, device)
+
+
+@pytest.mark.parametrize("impl", ["triton", "eager"])
+@pytest.mark.parametrize("num_splits", [None, 1, 3, 8])
+def test_long_context_in_splits_matches_fp64(num_splits, impl, device):
+    """B = 1, 200 tokens over 16-token blocks: 1, 3 or 8 splits (the default picks several)."""
+    _check([200], 14, 2, 32, 16, impl, device, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("impl", ["triton", "eager"])
+def test_empty_splits_are_neutral(impl, device):
+    """More splits than a short sequence has tiles: the empty ones must not add NaN or weight."""
+    _check([1, 17, 3], 4, 2, 16, 16, impl, device, num_splits=16)
+
+
+@pytest.mark.parametrize("impl", ["triton", "eager"])
+def test_explicit_scale(impl, device):
+    _check([40, 9], 4, 2, 16, 16, impl, device, scale=0.7, num_splits=2)
+
+
+def test_default_splits_come_from_shapes():
+    cpu = torch.device("cpu")
+    tiles = pa._TILES_INTERPRET
+    # A table spanning one split's minimum takes one split, whatever the batch.
+    assert pa._num_splits(1, 2, tiles.min_split_tokens, tiles, cpu) == 1
+    # A long table at a small batch takes several; a batch that fills the target takes one.
+    assert pa._num_splits(1, 2, 64 * tiles.min_split_tokens, tiles, cpu) == pa._INTERPRET_TARGET_PROGRAMS // 2
+    assert pa._num_splits(pa._INTERPRET_TARGET_PROGRAMS, 1, 64 * tiles.min_split_tokens, tiles, cpu) == 1
+
+
+@pytest.mark.parametrize("impl", ["triton", "eager"])
+def test_empty_batch(impl, device):
+    q, kc, vc, tables, ctx, *_ = _inputs([], 4, 2, 16, 16, device)
+    out = paged_decode_attention(q, kc, vc, tables, ctx, impl=impl)
+    assert out.shape == (0, 4, 16)
+
+
+def test_eager_in_several_chunks(monkeypatch, device):
+    monkeypatch.setattr(pa, "_EAGER_CHUNK_ELEMS", 2 * 64 * 2 * 16)  # 2 sequences per chunk
+    _check([1, 16, 17, 50, 2], 4, 2, 16, 16, "eager", device)
+
+
+def test_eager_rejects_context_past_the_table():
+    q, kc, vc, tables, ctx, *_ = _inputs([5, 20], 4, 2, 16, 16, "cpu")
+    ctx[1] = tables.shape[1] * 16 + 1
+    with pytest.raises(RuntimeError, match="context_lens must be in"):
+        paged_decode_attention_eager(q, kc, vc, tables, ctx)
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (dict(block_tables=lambda t: t.long()), "block_tables must be \\[B=2, max_blocks\\] int32"),
+        (dict(context_lens=lambda c: c[:1]), "context_lens must be \\[B=2\\] int32"),
+        (dict(q=lambda q: q[:, :3]), "Hq must be a multiple of Hkv"),
+        (dict(v_cache=lambda v: v.double()), "must share one dtype"),
+        (dict(q=lambda q: q[..., :12], k_cache=lambda k: k[..., :12].contiguous(),
+              v_cache=lambda v: v[..., :12].contiguous()), "power of two"),
+        (dict(k_cache=lambda k: k.transpose(1, 3).contiguous().transpose(1, 3)), "must be contiguous"),
+        (dict(impl="cuda"), "impl must be one of"),
+        (dict(num_splits=0), "num_splits must be >= 1"),
+    ],
+    ids=["table_dtype", "lens_shape", "heads", "dtype", "head_dim", "contiguity", "impl", "splits"],
+)
+def test_bad_arguments_name_the_fault(change, match):
+    q, kc, vc, tables, ctx, *_ = _inputs([5, 20], 4, 2, 16, 16, "cpu")
+    args = dict(q=q, k_cache=kc, v_cache=vc, block_tables=tables, context_lens=ctx)
+    kwargs = {}
+    for key, value in change.items():
+        if key in args:
+            args[key] = value(args[key])
+        else:
+            kwargs[key] = value
+    with pytest.raises(ValueError, match=match):
+        paged_decode_attention(*args.values(), **kwargs)
+
+
+# GPU: bf16 at real shapes. The margin is about a fifth of bf16's rounding of one output (2^-9).
+BF16_MARGIN = 4e-4
+REAL_HEADS = [(14, 2, 64), (28, 4, 128), (8, 8, 64)]  # Qwen2.5-0.5B, Qwen2.5-7B, no GQA
+
+
+@needs_cuda
+@pytest.mark.parametrize("impl", ["triton", "eager"])
+@pytest.mark.parametrize("block_size", [16, 64, 256])
+@pytest.mark.parametrize("Hq,Hkv,D", REAL_HEADS, ids=[f"Hq{q}-Hkv{kv}-D{d}" for q, kv, d in REAL_HEADS])
+def test_bf16_real_shapes_match_fp64(Hq, Hkv, D, block_size, impl, poison_cuda_allocator):
+    bs = block_size
+    g = torch.Generator().manual_seed(1)
+    lens = [1, bs, bs + 1, 16384, 5000, 3 * bs + 7] + torch.randint(1, 3000, (7,), generator=g).tolist()
+    q, kc, vc, tables, ctx, k_ref, v_ref = _inputs(lens, Hq, Hkv, D, bs, "cuda", torch.bfloat16)
+    poison_cuda_allocator()
+    out = paged_decode_attention(q, kc, vc, tables, ctx, impl=impl)
+    torch.cuda.synchronize()
+    s = D ** -0.5
+    _assert_no_worse(f"{impl} bf16 Hq{Hq} Hkv{Hkv} D{D} bs{bs}", out, _truth(q, k_ref, v_ref, lens, s),
+                     _lowp_reference(q, k_ref, v_ref, lens, s), BF16_MARGIN)
+
+
+@needs_cuda
+@pytest.mark.parametrize("num_splits", [1, 2, 7, 32])
+def test_bf16_forced_splits_match_fp64(num_splits, poison_cuda_allocator):
+    lens = [16384, 1, 700, 64, 65]
+    q, kc, vc, tables, ctx, k_ref, v_ref = _inputs(lens, 14, 2, 64, 16, "cuda", torch.bfloat16)
+    poison_cuda_allocator()
+    out = paged_decode_attention(q, kc, vc, tables, ctx, num_splits=num_splits)
+    torch.cuda.synchronize()
+    _assert_no_worse(f"bf16 splits{num_splits}", out, _truth(q, k_ref, v_ref, lens, 0.125),
+                     _lowp_reference(q, k_ref, v_ref, lens, 0.125), BF16_MARGIN)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_other_dtypes_match_fp64(dtype):
+    lens = [1, 63, 64, 65, 4000, 2]
+    q, kc, vc, tables, ctx, k_ref, v_ref = _inputs(lens, 14, 2, 64, 64, "cuda", dtype)
+    out = paged_decode_attention(q, kc, vc, tables, ctx)
+    _assert_no_worse(f"{dtype}", out, _truth(q, k_ref, v_ref, lens, 0.125),
+                     _lowp_reference(q, k_ref, v_ref, lens, 0.125),
+                     BF16_MARGIN if dtype == torch.float16 else 2e-6)
+
+
+@needs_cuda
+def test_cuda_graph_replay_reads_inputs_on_device():
+    """Captured over other queries, tables and lengths, then replayed after the real ones are
+    copied in place: the output follows what the tensors hold at replay."""
+    lens = [2500, 7, 4096, 1]
+    q, kc, vc, tables, ctx, k_ref, v_ref = _inputs(lens, 14, 2, 64, 16, "cuda", torch.bfloat16)
+    real = q.clone(), tables.clone(), ctx.clone()
+    paged_decode_attention(q, kc, vc, tables, ctx)  # compile outside the capture
+    torch.cuda.synchronize()
+    q.zero_()
+    tables.zero_()
+    ctx.fill_(1)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = paged_decode_attention(q, kc, vc, tables, ctx)
+    for dst, src in zip((q, tables, ctx), real):
+        dst.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    _assert_no_worse("graph replay", out, _truth(q, k_ref, v_ref, lens, 0.125),
+                     _lowp_reference(q, k_ref, v_ref, lens, 0.125), BF16_MARGIN)

@@ -1,0 +1,70 @@
+"""Token-budget micro-batches: the plan covers the kept list in order within the budget, and the
+RL phase gives the official split's losses and gradients (fp64, CPU) whatever the split."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from oreal_fast.config import load_config
+from oreal_fast.model.hf_io import load_decoder, load_token_rm
+from oreal_fast.rl_step import Precision, RLModels, rl_phase
+from oreal_fast.trainer import rl_settings
+from oreal_fast.trajectories import Trajectory, plan_micro_batches
+
+from test_step import write_config
+
+
+@pytest.mark.parametrize("lengths, budget, expected", [
+    ([5, 5, 5, 5, 5], 10, [[0, 1], [2, 3], [4]]),
+    ([3, 9, 2, 2, 20, 1], 10, [[0], [1], [2, 3], [4], [5]]),  # 20 > budget goes alone
+    ([4, 4, 4], 100, [[0, 1, 2]]),
+    ([7], 3, [[0]]),
+    ([], 8, []),
+])
+def test_token_budget_plan(lengths, budget, expected):
+    assert [list(g) for g in plan_micro_batches(lengths, 2, budget)] == expected
+
+
+def test_zero_budget_is_the_official_split():
+    assert [list(g) for g in plan_micro_batches([9, 1, 4, 4, 2], 2, 0)] == [[0, 1], [2, 3], [4]]
+
+
+def _kept(num: int) -> list[Trajectory]:
+    gen = torch.Generator().manual_seed(3)
+    out = []
+    for i in range(num):
+        n_prompt, n_resp = (int(x) for x in torch.randint(3, 30, (2,), generator=gen))
+        out.append(Trajectory(torch.randint(0, 259, (n_prompt,), generator=gen).tolist(),
+                              torch.randint(0, 259, (n_resp,), generator=gen).tolist(),
+                              reward=1.0 if i % 2 == 0 else -1.0, advantage=0.75 if i % 2 == 0 else -0.75))
+    return out
+
+
+def _phase(cfg, actor_dir, ref_dir, kept, micro_batch_size, budget):
+    dev = torch.device("cpu")
+    models = RLModels(load_decoder(actor_dir, dtype=torch.float64, device=dev),
+                      load_decoder(ref_dir, dtype=torch.float64, device=dev),
+                      load_token_rm(ref_dir, dtype=torch.float64, device=dev))
+    with torch.no_grad():  # a non-zero RM head, so the token weights are not all equal
+        models.token_rm.score_head.weight.copy_(torch.randn(1, 32, generator=torch.Generator().manual_seed(0)))
+    sums = rl_phase(models, kept, rl_settings(cfg, Precision(dev, torch.float64)),
+                    micro_batch_size=micro_batch_size, token_budget=budget, update_actor=True)
+    grads = {f"actor.{n}": p.grad.clone() for n, p in models.actor.named_parameters()}
+    grads.update({f"rm.{n}": p.grad.clone() for n, p in models.token_rm.named_parameters()})
+    return {k: float(v) for k, v in sums._asdict().items()}, grads
+
+
+def test_token_budget_gives_the_official_split_gradient(tmp_path, tiny_model_dir, perturbed_actor_dir, prompt_file):
+    cfg = load_config(write_config(tmp_path, perturbed_actor_dir, tiny_model_dir, prompt_file))
+    kept = _kept(7)
+    official, official_grads = _phase(cfg, perturbed_actor_dir, tiny_model_dir, kept, 2, 0)
+    budget = sum(t.num_tokens for t in kept) // 3  # a different split: ~3 micro-batches of 1-4 sequences
+    lengths = [t.num_tokens for t in kept]
+    assert plan_micro_batches(lengths, 2, budget) != plan_micro_batches(lengths, 2, 0)
+    packed, packed_grads = _phase(cfg, perturbed_actor_dir, tiny_model_dir, kept, 2, budget)
+    assert official["positive_loss"] != 0 and official["kl_penalty_loss"] != 0
+    for key, value in official.items():
+        assert packed[key] == pytest.approx(value, rel=1e-6, abs=1e-12), key
+    for name, g in official_grads.items():
+        assert (packed_grads[name] - g).abs().max() <= 1e-6 * max(1.0, g.abs().max()), name
