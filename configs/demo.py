@@ -80,6 +80,7 @@ kl_type = "unbias"
 
 work_dir = "work_dirs/demo"
 checkpoint_interval = 2  # hf-2 and hf-4
+keep_resume_states = 1  # one resume state (3.2 GB: fp32 weights + AdamW moments of the 135M actor and RM)
 log_interval = 1
 seed = 0
 

@@ -29,6 +29,17 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+# Official keys this single-process trainer accepts so that official config files load, but that
+# change nothing here: key -> (the value that matches what we do, what the key would control).
+# A config that sets another value gets one log line at start (see compatibility_notes).
+COMPATIBILITY_ONLY = {
+    "tp_size": (1, "tensor parallelism; one process holds each whole model"),
+    "sp_size": (1, "sequence parallelism; one process holds each whole sequence"),
+    "num_workers": (0, "prompt DataLoader workers; prompts are read once at start"),
+    "loss_type": ("per_token", "unused by the official trainer too; the loss is normalised by global token counts"),
+    "rl_global_batch": (None, "the official RL sampler's batch; every kept sample is trained once per step"),
+}
+
 # Keys that default to another key's value when absent (the official ``args.get(key, other)``).
 _DEFAULTS_FROM = {
     "reference": "actor",
@@ -65,13 +76,13 @@ class TrainConfig:
     selective_recompute: float = 1.0
     """Fraction of decoder layers whose activations are recomputed in backward, in [0, 1]."""
     cpu_offload: bool = False
-    """Offload parameters to CPU memory between uses (FSDP)."""
+    """Official: FSDP CPU offload of parameters. Not implemented here: True is a config error."""
     cuda_graph: bool = True
     """Replay the paged engine's decode steps as CUDA graphs, one per batch bucket (CUDA only)."""
     tp_size: int = 1
-    """Tensor-parallel degree (GPUs per model replica)."""
+    """Official tensor-parallel degree. Accepted for compatibility, has no effect here (one process, one GPU)."""
     sp_size: int = 1
-    """Sequence-parallel degree."""
+    """Official sequence-parallel degree. Accepted for compatibility, has no effect here (one process)."""
 
     # --- data (reference 3) ---
     data_difficulty_balance_cfg: list[tuple[tuple[float, float], int]] | None = field(
@@ -79,7 +90,8 @@ class TrainConfig:
     )
     """Buckets ((low, high), copies) on pass_rate, low <= p < high, first match wins; None/[] = no balancing."""
     num_workers: int = 0
-    """Prompt loader worker processes."""
+    """Official prompt DataLoader workers. Accepted for compatibility, has no effect here: prompts are
+    read once at start and tokenised in the main process."""
     max_prompts: int | None = None
     """Keep only the first N prompt records before balancing (quick runs); None = all."""
 
@@ -121,7 +133,8 @@ class TrainConfig:
 
     # --- RL phase and optimisers (reference 4.5-4.14) ---
     rl_global_batch: int | None = None
-    """RL batch in sequences, used only when filter_trajectory is False; absent = gen_global_batch."""
+    """Official RL batch in sequences (read only when filter_trajectory is False); absent = gen_global_batch.
+    Accepted for compatibility, has no effect here: every kept sample is trained once per step."""
     rl_mirco_batch: int = 2
     """Sequences per packed RL micro-batch (official spelling); used when rl_micro_batch_tokens is 0."""
     rl_micro_batch_tokens: int = 32768
@@ -170,7 +183,8 @@ class TrainConfig:
     reward_shaping_type: str = "rloo"
     """Advantage estimator: rloo | grpo."""
     loss_type: str = "per_token"
-    """Unused by the official trainer (normalisation is always the global token count); kept for porting."""
+    """Unused by the official trainer too (normalisation is always the global token count, reference Q9).
+    Accepted for compatibility, has no effect here."""
     positive_loss_factor: float = 1.0
     """Multiplier of the positive (behaviour-cloning) term."""
     negative_loss_factor: float = 0.5
@@ -184,7 +198,12 @@ class TrainConfig:
 
     # --- outputs (reference 5) ---
     work_dir: str = "work_dirs"
-    """Output root; each run writes to a timestamped sub-folder."""
+    """Output root; each run writes to its own timestamped sub-folder (``-2``, ``-3`` when the name is taken)."""
+    keep_resume_states: int = 2
+    """Resume states kept on disk, newest first; 0 = none (no --resume possible). One state is 12 bytes per
+    trained parameter (fp32 weights + two AdamW moments, actor and token RM): 3.2 GB for the demo."""
+    save_on_signal: bool = True
+    """On SIGINT / SIGTERM, write a resume state if a step finished since the last one (then exit)."""
     checkpoint_interval: int | float = 10
     """-1 = at the end only; in (0, 1) = that fraction of total_steps; >= 1 = every N steps."""
     log_interval: int = 1
@@ -260,8 +279,15 @@ def _run_config_file(path: str) -> dict[str, Any]:
         raise ConfigError(f"config file {path!r} does not exist")
     path = os.path.abspath(path)
     folder = os.path.dirname(path)
-    with open(path, encoding="utf-8") as f:
-        source = f.read()
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        source = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise ConfigError(f"config file {path}:{line}: not valid UTF-8 (byte {data[e.start]:#04x})") from None
+    except OSError as e:
+        raise ConfigError(f"config file {path}: cannot be read ({os.strerror(e.errno) if e.errno else e})") from None
     namespace: dict[str, Any] = {"__file__": path, "__name__": "__oreal_config__"}
     modules_before = set(sys.modules)
     path_before = list(sys.path)
@@ -423,6 +449,7 @@ def _check_ranges(c: _Checker, cfg: TrainConfig) -> None:
         "gen_max_length": 2, "gen_top_k": 0, "max_prefill_batch": 1, "prompt_repeat_k": 2,
         "rl_global_batch": 1, "rl_mirco_batch": 1, "rl_micro_batch_tokens": 0, "warmup_steps": 0, "rm_warmup_steps": 0,
         "total_steps": 1, "actor_freeze_steps": 0, "log_interval": 1, "seed": 0,
+        "keep_resume_states": 0,
     }
     for key, low in at_least.items():
         if getattr(cfg, key) < low:
@@ -459,6 +486,20 @@ def _check_ranges(c: _Checker, cfg: TrainConfig) -> None:
     for key in ("actor", "reference", "stop_word", "work_dir"):
         if not getattr(cfg, key):
             c.fail(key, "must be a non-empty str")
+    for key in ("actor", "reference", "token_level_rm"):
+        ref = getattr(cfg, key)
+        if ref is not None and _looks_like_path(ref) and not os.path.exists(os.path.expanduser(ref)):
+            c.fail(key, f"the local path {ref!r} does not exist")
+    if cfg.cpu_offload:
+        c.fail("cpu_offload", "CPU offload (an FSDP feature of the official trainer) is not implemented here; "
+               "set it to False")
+
+
+def _looks_like_path(ref: str) -> bool:
+    """A model ref that can only be a local path: a hub id is ``org/name``, a package ref ``package://``."""
+    if "://" in ref:
+        return False
+    return ref.startswith(("/", "./", "../", "~")) or ref.endswith(".gguf") or ref.count("/") > 1
 
 
 def _check_rollout_engine(c: _Checker, cfg: TrainConfig) -> None:
@@ -547,6 +588,21 @@ def _check_judgers(c: _Checker, cfg: TrainConfig) -> None:
             c.fail("data_judger_mapping", f"{source!r} names judger(s) {missing} that judgers_config does "
                    f"not define (defined: {sorted(cfg.judgers_config)})")
         cfg.data_judger_mapping[source] = list(names)
+
+
+def compatibility_notes(cfg: TrainConfig) -> list[str]:
+    """One line per official key set to a value that would matter in the official trainer but has no
+    effect here (see COMPATIBILITY_ONLY); the trainer logs them at start."""
+    notes = []
+    for key, (inert, what) in COMPATIBILITY_ONLY.items():
+        value = getattr(cfg, key)
+        if key == "rl_global_batch":  # read only without the filter, and a no-op when it is the whole batch
+            matters = not cfg.filter_trajectory and value != cfg.gen_global_batch
+        else:
+            matters = value != inert
+        if matters:
+            notes.append(f"accepted for compatibility, has no effect here: {key} = {value!r} ({what})")
+    return notes
 
 
 def validate_stop_word(cfg: TrainConfig, tokenizer: Any) -> int:

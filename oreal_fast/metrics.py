@@ -86,9 +86,12 @@ class MetricsWriter:
                     self._tb.add_scalar(key, value, step)
             self._tb.flush()
         if step % self.log_interval == 0:
-            # The official text line shows the scheduler LR even while the actor is frozen (5.1).
-            shown = dict(ordered, actor_lr=scheduler_actor_lr, kl_coef=kl_coef)
-            line = " ".join(f"{k}: {_fmt(v)}" for k, v in shown.items())
+            # The official text line shows the scheduler LR even while the actor is frozen (5.1); we
+            # show it too, and say that it was not applied (the jsonl has the applied 0).
+            shown = {k: _fmt(v) for k, v in dict(ordered, actor_lr=scheduler_actor_lr, kl_coef=kl_coef).items()}
+            if ordered["actor_lr"] != scheduler_actor_lr:
+                shown["actor_lr"] += " (scheduler; actor frozen, not applied)"
+            line = " ".join(f"{k}: {v}" for k, v in shown.items())
             with open(self.text_path, "a", encoding="utf-8") as f:
                 f.write(f"[Step {step}] {line}\n")
 

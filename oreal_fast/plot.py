@@ -36,8 +36,21 @@ def find_metrics_file(path: str) -> str:
 
 
 def read_metrics(path: str) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The step rows; a line that is not a JSON object with every plotted key is a ValueError naming it."""
+    rows = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            missing = [k for _, keys in PANELS for k in ("step", *keys) if not isinstance(row, dict) or k not in row]
+            if missing:
+                raise ValueError(f"{path}:{lineno}: no {missing[0]!r} (not a metrics row of oreal-fast)")
+            rows.append(row)
+    return rows
 
 
 def plot_run(path: str, out: str | None = None) -> str:

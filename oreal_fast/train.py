@@ -2,43 +2,88 @@
 
 Overrides are parsed as python-fire parses keyword arguments (``--total_steps 90`` is an int,
 ``--token_level_rm None`` is None, ``--datasets '["a.jsonl","b.jsonl"]'`` a list), then type-checked
-with the rest of the config. A bad config prints one line to stderr and exits with code 2, before
-any model or data loads; so do the checks that can only run later (the stop word needs the
-tokenizer, the prompt files are read by the trainer) and bad prompt data.
-What this module does not do: anything of the run itself, which is
-``oreal_fast.trainer.train``.
+with the rest of the config. Every way a run can end early ends in one line on stderr, never a
+traceback:
+  exit 2    a bad config, or a check that can only run later (the stop word needs the tokenizer,
+            the prompt files, the models, the resume state, the work_dir and its free space);
+            bad prompt data. Nothing is left in work_dir.
+  exit 1    a checkpoint write failed mid-run (disk full, I/O error): what is saved, how to resume.
+  exit 130  SIGINT (Ctrl-C) / exit 143 SIGTERM: stopped at a safe point (``oreal_fast.interrupt``),
+            saying which state is on disk and the command that continues the run.
+What this module does not do: anything of the run itself, which is ``oreal_fast.trainer.train``.
 """
 
 from __future__ import annotations
 
+import os
+import shlex
 import sys
 
 import fire
 
 from oreal_fast.config import ConfigError, load_config
 from oreal_fast.data.prompts import DataError
+from oreal_fast.interrupt import StopRun, StopSignals
+from oreal_fast.run_dir import CheckpointWriteError
 
 CONFIG_ERROR_EXIT = 2
+WRITE_ERROR_EXIT = 1
 
 
-def _run(config: str, **overrides: object) -> None:
+def _continue_command(argv: list[str], resume_dir: str | None) -> str:
+    """The command line that continues a run: the same config and overrides, ``--resume resume_dir``
+    in place of any ``--resume``; with no state on disk (``resume_dir`` None), the command as given."""
+    args, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--resume" and resume_dir is not None:
+            skip = True
+        elif not (a.startswith("--resume=") and resume_dir is not None):
+            args.append(a)
+    if resume_dir is not None:
+        args += ["--resume", resume_dir]
+    return shlex.join([os.path.basename(sys.executable), "-m", "oreal_fast.train", *args])
+
+
+def _check_single_process() -> None:
+    world = os.environ.get("WORLD_SIZE", "1")
+    if world not in ("", "1"):
+        raise ConfigError(f"WORLD_SIZE={world} (torchrun?): oreal-fast trains in one process on one GPU until its "
+                          "FSDP2 path lands; start it as python -m oreal_fast.train CONFIG, without torchrun")
+
+
+def _run(argv: list[str], config: str, **overrides: object) -> None:
     """Loads CONFIG with the --key value overrides and trains."""
-    try:
-        cfg = load_config(config, overrides)
-        from oreal_fast.trainer import train  # the step loop pulls in models and kernels: load it only now
+    stop = StopSignals()
+    with stop.installed():
+        try:
+            _check_single_process()
+            cfg = load_config(config, overrides)
+            from oreal_fast.trainer import train  # the step loop pulls in models and kernels: load it only now
 
-        train(cfg)
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        sys.exit(CONFIG_ERROR_EXIT)
-    except DataError as e:
-        print(f"data error: {e}", file=sys.stderr)
-        sys.exit(CONFIG_ERROR_EXIT)
+            train(cfg, stop)
+        except ConfigError as e:
+            print(f"config error: {e}", file=sys.stderr)
+            sys.exit(CONFIG_ERROR_EXIT)
+        except DataError as e:
+            print(f"data error: {e}", file=sys.stderr)
+            sys.exit(CONFIG_ERROR_EXIT)
+        except CheckpointWriteError as e:
+            print(f"checkpoint error: {e}; continue with: {_continue_command(argv, e.resume_dir)}", file=sys.stderr)
+            sys.exit(WRITE_ERROR_EXIT)
+        except StopRun as e:
+            during = f"step {e.step} ({e.phase})" if e.step is not None else "start-up"
+            verb = "continue" if e.resume_dir is not None else "start again"
+            print(f"\n{e.name} during {during}: stopped; {e.outcome}; {verb} with: "
+                  f"{_continue_command(argv, e.resume_dir)}", file=sys.stderr)
+            sys.exit(e.exit_code)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point; ``argv`` defaults to ``sys.argv[1:]``."""
-    fire.Fire(_run, command=sys.argv[1:] if argv is None else argv, name="oreal_fast.train")
+    argv = sys.argv[1:] if argv is None else argv
+    fire.Fire(lambda config, **overrides: _run(argv, config, **overrides), command=argv, name="oreal_fast.train")
 
 
 if __name__ == "__main__":

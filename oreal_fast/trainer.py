@@ -10,7 +10,8 @@ Where we differ from the official trainer (details and reasons in docs/differenc
     warning and zero losses instead of crashing (Q8); schedulers still advance.
  3. ``eta`` counts the steps actually left, in whole seconds (Q13).
  4. Top-k token weights never take K = 0 (Q10); bad configs fail before anything loads (Q10, Q12).
- 5. Checkpoints also hold what a resume needs, written atomically; ``--resume`` continues a run.
+ 5. Checkpoints also hold what a resume needs, written atomically and verified before a resume trusts
+    them; ``--resume`` continues a run, SIGINT / SIGTERM stop it at a safe point (``interrupt``).
  6. The judger has timeouts everywhere; a verifier failure is still reward -1, but counted.
  7. The reference forward and the token RM run before the actor in each micro-batch (10.3 allows it).
 Data parallelism keeps ``dp`` in the math (normalisers are global counts); this loop runs dp = 1.
@@ -27,7 +28,6 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime
 
 import numpy as np
 import torch
@@ -42,14 +42,15 @@ from oreal_fast.algo import (
     compute_advantages,
     select_trajectories,
 )
-from oreal_fast.config import ConfigError, TrainConfig, validate_stop_word
+from oreal_fast.config import ConfigError, TrainConfig, compatibility_notes, validate_stop_word
 from oreal_fast.data.chat import render_prompt_ids
 from oreal_fast.data.prompts import DataError, PromptRecord, balance_by_difficulty, load_prompt_records
 from oreal_fast.data.sampler import PromptSampler, repeat_k
+from oreal_fast.interrupt import StopRun, StopSignals
 from oreal_fast.judge import JudgeItem, Router
 from oreal_fast.metrics import MetricsWriter, dump_trajectories
 from oreal_fast.model.decoder import max_rope_positions
-from oreal_fast.model.hf_io import load_decoder, load_token_rm, load_tokenizer, save_hf_checkpoint
+from oreal_fast.model.hf_io import load_decoder, load_token_rm, load_tokenizer
 from oreal_fast.recompute import apply_selective_recompute
 from oreal_fast.rl_step import (
     MicroStepSums,
@@ -61,6 +62,7 @@ from oreal_fast.rl_step import (
     rl_phase,
 )
 from oreal_fast.rollout import EngineConfig, PagedEngine, PlainSampler, RolloutEngine, SamplingParams, kv_cache_bytes
+from oreal_fast.run_dir import CheckpointWriteError, RunFolder, check_free_space, check_work_dir
 from oreal_fast.trajectories import Trajectory
 
 log = logging.getLogger("oreal_fast")
@@ -133,7 +135,11 @@ class Trainer:
     """Holds the models, optimisers, schedulers, data and outputs of one run.
 
     ``rollout`` and ``router`` may be injected (tests script them); by default the actor's weights
-    generate through the engine ``rollout_engine`` names and the config's judgers score.
+    generate through the engine ``rollout_engine`` names and the config's judgers score. ``stop``
+    is the command line's signal handling; without it nothing ever stops the run early.
+
+    A fresh run's folder is created only once everything has loaded and the disk has room for a
+    checkpoint, so a start that fails leaves nothing behind; a resumed run locks its folder first.
     """
 
     def __init__(
@@ -142,19 +148,19 @@ class Trainer:
         *,
         rollout: RolloutEngine | None = None,
         router: Router | None = None,
+        stop: StopSignals | None = None,
     ) -> None:
         self.cfg = cfg
+        self.stop = stop or StopSignals()
         self.device = resolve_device(cfg.device)
         self.precision = resolve_precision(cfg, self.device)
         self.rl_settings = rl_settings(cfg, self.precision)
         if cfg.gpu_memory_limit_gib is not None:
             total = torch.cuda.get_device_properties(self.device).total_memory
             torch.cuda.set_per_process_memory_fraction(cfg.gpu_memory_limit_gib * 2**30 / total, self.device)
-        resume_path = ckpt.find_resume_state(cfg.resume, cfg.work_dir) if cfg.resume else None
-        resume_state = ckpt.load_resume_state(resume_path) if resume_path else None
-        self.run_dir = (resume_state["run_dir"] if resume_state else
-                        os.path.join(cfg.work_dir, datetime.now().strftime("%Y%m%d%H%M%S")))
-        os.makedirs(self.run_dir, exist_ok=True)
+        self._notes = compatibility_notes(cfg)  # start-up facts; the text log exists once the folder does
+        check_work_dir(cfg)
+        self.run, resume, resume_state = self._open_resume()
         set_random_seed(cfg.seed)
 
         with model_ref_errors(cfg, "actor"):
@@ -171,18 +177,80 @@ class Trainer:
         # judger does, before any filter draw (Q15): build it after seeding, before the first step.
         self.router = router or Router(cfg.judgers_config, cfg.data_judger_mapping)
         self.sampling_generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
-        self.metrics = MetricsWriter(self.run_dir, log_interval=cfg.log_interval)
         self._progress: tqdm | None = None  # the progress bar, while fit() runs
         self._last_summary = "starting"
         self.start_step = 0
+        self._state_on_disk = resume.path if resume else None  # the newest state this run may resume from
         if resume_state is not None:
-            self._restore(resume_state)
-            self.metrics.log_text(f"resumed from {resume_path} at step {self.start_step + 1}")
-        # built last: the paged engine copies the (restored) actor and sizes its pool from what is left
+            self._restore(resume_state, resume.path)
+        # built after the restore: the paged engine copies the (restored) actor and sizes its pool
+        # from the memory that is left
         self.rollout = rollout or self._build_rollout()
+        self._check_disk()
+        fresh = self.run is None
+        self.run = self.run or RunFolder.create(cfg)
+        self.run_dir = self.run.path
+        try:
+            self.metrics = MetricsWriter(self.run_dir, log_interval=cfg.log_interval)
+        except BaseException:
+            if fresh:
+                self.run.remove()
+            raise
+        if resume_state is not None:
+            self.metrics.truncate_after(self.start_step)
+        for note in self._notes:
+            log.info(note)
+            self.metrics.log_text(note)
 
     # ----------------------------------------------------------------------------------------
     # construction
+
+    def _open_resume(self) -> tuple[RunFolder | None, ckpt.ResumeChoice | None, dict | None]:
+        """``--resume``: lock the run folder, clear interrupted writes, load the newest state that verifies."""
+        cfg = self.cfg
+        if not cfg.resume:
+            return None, None, None
+        run_dir = ckpt.resume_run_dir(cfg.resume, cfg.work_dir)
+        if run_dir is None:
+            self._notes.append(f"no resume state under {cfg.work_dir}; starting a new run")
+            return None, None, None
+        if not ckpt.state_steps(run_dir):  # checked before locking: never put a lock file into a stranger's folder
+            raise ConfigError(f"resume in {cfg.config_path}: {run_dir}: no resume state there (expected "
+                              f"{ckpt.RESUME_DIR}/state-N.pt with its manifest state-N.json)")
+        run = RunFolder.reopen(run_dir, cfg)
+        freed = run.remove_partial_writes()
+        if freed:
+            self._notes.append(freed)
+        try:
+            choice = ckpt.choose_resume_state(cfg.resume, run_dir)
+        except ckpt.NoResumeState as e:
+            run.close()
+            raise ConfigError(f"resume in {cfg.config_path}: {e}") from None
+        if choice.damaged:
+            self._notes.append(choice.fallback_note())
+            for step, _ in choice.damaged:
+                ckpt.remove_state(run_dir, step)
+        try:
+            state = ckpt.load_resume_state(choice.path)
+        except Exception as e:  # verified bytes that still do not unpickle: another version wrote them
+            raise ConfigError(f"resume in {cfg.config_path}: {choice.path} verifies but cannot be loaded "
+                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+        return run, choice, state
+
+    def _check_disk(self) -> None:
+        """The filesystem holds one more HF folder and the kept resume states, or the run does not start."""
+        cfg = self.cfg
+        trained = [m for m in (self.models.actor, self.models.token_rm) if m is not None]
+        hf, state = ckpt.checkpoint_bytes(self.models.actor, trained)
+        every = cfg.checkpoint_every()
+        saves = sum(1 for s in range(self.start_step, self.total_steps)
+                    if (s + 1) % every == 0 or s + 1 == self.total_steps)
+        kept = min(cfg.keep_resume_states, saves)
+        on_disk = 0 if self.run is None else ckpt.states_bytes(self.run.path)
+        need = hf + max(0, kept * state - on_disk) if saves else 0
+        where = self.run.path if self.run is not None else cfg.work_dir
+        detail = f"HF folder {ckpt.size_text(hf)} + {kept} resume state(s) x {ckpt.size_text(state)}"
+        check_free_space(cfg, where, need, detail + (f", {ckpt.size_text(on_disk)} on disk" if on_disk else ""))
 
     def _load_data(self) -> None:
         """Prompt records -> difficulty balancing -> seeded sampler (3.1-3.4)."""
@@ -450,22 +518,27 @@ class Trainer:
         return metrics
 
     def _phase(self, name: str) -> None:
-        """Shows the current phase and the last step's summary on the progress bar."""
+        """A phase boundary: the safe point where a stop signal takes effect; then the progress bar
+        shows the new phase and the last step's summary."""
+        self.stop.enter(name)
         if self._progress is not None:
             self._progress.set_postfix_str(f"{name} | {self._last_summary}", refresh=True)
 
     # ----------------------------------------------------------------------------------------
     # checkpoints and resume
 
-    def save_checkpoint(self, step: int) -> None:
-        """``hf-{step}`` (the official actor folder, bf16) and the resume state beside it."""
+    def save_checkpoint(self, step: int, *, hf_folder: bool = True) -> None:
+        """``hf-{step}`` (the official actor folder, bf16) and the resume state beside it (unless
+        ``keep_resume_states`` is 0). Raises CheckpointWriteError; partial files are gone then."""
         cfg = self.cfg
-        folder = os.path.join(self.run_dir, ckpt.hf_folder_name(step + 1, self.total_steps))
-        ckpt.write_folder_atomically(
-            folder, lambda tmp: save_hf_checkpoint(self.models.actor, self.tokenizer, tmp, dtype=torch.bfloat16))
+        if hf_folder:
+            folder = os.path.join(self.run_dir, ckpt.hf_folder_name(step + 1, self.total_steps))
+            ckpt.save_hf_folder(folder, self.models.actor, self.tokenizer)
+        if cfg.keep_resume_states == 0:
+            return
         state = {
-            "run_dir": self.run_dir,
             "next_step": step + 1,
+            "total_steps": self.total_steps,
             "config": cfg.to_dict(),
             "actor": self.models.actor.state_dict(),
             "token_rm": self.models.token_rm.state_dict() if self.models.token_rm is not None else None,
@@ -477,49 +550,105 @@ class Trainer:
             "sampling_generator": self.sampling_generator.get_state(),
             "rng": ckpt.rng_state(),
         }
-        ckpt.save_resume_state(self.run_dir, step + 1, state)
+        self._state_on_disk = ckpt.save_resume_state(self.run_dir, step + 1, state, cfg.keep_resume_states)
 
-    def _restore(self, state: dict) -> None:
-        self.models.actor.load_state_dict(state["actor"])
-        if self.models.token_rm is not None:
-            self.models.token_rm.load_state_dict(state["token_rm"])
-            self.rm_optimizer.load_state_dict(state["rm_optimizer"])
-            self.rm_scheduler.load_state_dict(state["rm_scheduler"])
-        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
-        self.actor_scheduler.load_state_dict(state["actor_scheduler"])
-        self.sampler.load_state_dict(state["sampler"])
+    def _restore(self, state: dict, path: str) -> None:
+        """Loads a resume state; a state that does not fit this config is a config error naming it."""
+        try:
+            self.models.actor.load_state_dict(state["actor"])
+            if self.models.token_rm is not None:
+                self.models.token_rm.load_state_dict(state["token_rm"])
+                self.rm_optimizer.load_state_dict(state["rm_optimizer"])
+            self.actor_optimizer.load_state_dict(state["actor_optimizer"])
+            self.sampler.load_state_dict(state["sampler"])
+        except (KeyError, ValueError, RuntimeError, TypeError) as e:
+            raise ConfigError(f"resume in {self.cfg.config_path}: {path} does not fit this config "
+                              f"({type(e).__name__}: {str(e).splitlines()[0]})") from None
         self.sampling_generator.set_state(state["sampling_generator"])
         ckpt.set_rng_state(state["rng"])
         self.start_step = state["next_step"]
-        self.metrics.truncate_after(self.start_step)
+        self._notes.append(f"resumed from {path} at step {self.start_step + 1}")
+        schedulers = [(self.actor_scheduler, state["actor_scheduler"]), (self.rm_scheduler, state["rm_scheduler"])]
+        saved_total = state["total_steps"]
+        if saved_total == self.total_steps:
+            for scheduler, saved in schedulers:
+                if scheduler is not None:
+                    scheduler.load_state_dict(saved)
+            return
+        # A new total changes the cosine's length: replay the official stepping for the steps done,
+        # so the LRs from here on are those of a run planned with the new total from the start.
+        for scheduler, _ in schedulers:
+            for s in range(self.start_step) if scheduler is not None else ():
+                scheduler.step(s)
+        self._notes.append(f"total_steps is {self.total_steps}, the saved run planned {saved_total}: LR schedules "
+                           f"recomputed for {self.total_steps} steps (actor LR after step {self.start_step}: "
+                           f"{self.actor_scheduler.lr:.4g})")
 
     # ----------------------------------------------------------------------------------------
     # the run
 
     def fit(self) -> str:
-        """Runs steps ``start_step .. total_steps - 1``; returns the run folder."""
+        """Runs steps ``start_step .. total_steps - 1``; returns the run folder.
+
+        Raises:
+            StopRun: a stop signal reached a safe point; a resume state of the last finished step
+                is on disk (``save_on_signal``) and ``outcome`` says which.
+            CheckpointWriteError: a checkpoint could not be written; the previous one is intact.
+        """
         cfg = self.cfg
         every = cfg.checkpoint_every()
         self.metrics.log_text(f"run {self.run_dir}: config {cfg.config_path}, {self.total_steps} steps, "
                               f"device {self.device}, compute {self.precision.compute_dtype}, "
                               f"LM-head kernels {self.rl_settings.loss_kernel} ({self.rl_settings.impl})")
+        if self.start_step >= self.total_steps:
+            log.info(f"{self.run_dir}: all {self.total_steps} steps are done; nothing left to run")
+        done = saved = self.start_step  # steps finished / covered by the newest resume state
         self._progress = tqdm(range(self.start_step, self.total_steps), initial=self.start_step,
                               total=self.total_steps, desc="oreal", unit="step", file=sys.stderr)
         try:
             for step in self._progress:
+                self.stop.step = step + 1
                 metrics = self.step(step)
                 self.metrics.write(metrics, kl_coef=cfg.kl_coef, scheduler_actor_lr=self.actor_scheduler.lr)
+                done = step + 1
                 self._last_summary = (f"reward {metrics['avg_judger_reward']:+.3f} "
                                       f"rl_loss {metrics['rl_loss']:.4g} eta {metrics['eta']}s")
                 self._phase("done")
-                if (step + 1) % every == 0 or step + 1 == self.total_steps:
+                if done % every == 0 or done == self.total_steps:
                     self._phase("checkpoint")
                     self.save_checkpoint(step)
+                    saved = done
+        except StopRun as stop:
+            failed = ""
+            if done > saved and cfg.save_on_signal and cfg.keep_resume_states:
+                self.stop.phase = "checkpoint"  # a second signal while this writes exits at once
+                try:  # the official HF folder too when this step's checkpoint was due
+                    self.save_checkpoint(done - 1, hf_folder=done % every == 0 or done == self.total_steps)
+                except CheckpointWriteError as e:
+                    failed = f"{e}; "
+            outcome, stop.resume_dir = self._on_disk(done)
+            stop.outcome = failed + outcome
+            raise
+        except CheckpointWriteError as e:
+            e.args = (f"{e}; {self._on_disk(done)[0]}",)
+            e.resume_dir = self._on_disk(done)[1]
+            raise
         finally:
             self._progress.close()
             self.metrics.close()
             self.router.close()
+            self.run.close()
         return self.run_dir
+
+    def _on_disk(self, done: int) -> tuple[str, str | None]:
+        """What a resume would start from after ``done`` finished steps, and the folder to resume."""
+        if self._state_on_disk is None:
+            why = " (keep_resume_states = 0)" if self.cfg.keep_resume_states == 0 else ""
+            return f"no resume state is on disk{why}", None
+        name = os.path.basename(self._state_on_disk)
+        saved = int(name[len("state-"):-len(".pt")])
+        lost = f"; step(s) {saved + 1}..{done} finished but are not in it" if done > saved else ""
+        return f"resume state {name} ({saved} step(s) done) is on disk{lost}", self.run_dir
 
 
 def _or(value, default):
@@ -553,11 +682,11 @@ def _timed(fn, *args):
     return fn(*args), time.perf_counter() - t0
 
 
-def train(cfg: TrainConfig) -> str:
+def train(cfg: TrainConfig, stop: StopSignals | None = None) -> str:
     """Builds a ``Trainer`` for ``cfg`` and runs it to the end; returns the run folder."""
     logging.basicConfig(level=logging.DEBUG if cfg.debug else logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s")
-    run_dir = Trainer(cfg).fit()
+    run_dir = Trainer(cfg, stop=stop).fit()
     print(f"\nDone. Metrics: {os.path.join(run_dir, 'rank0.log.jsonl')}\n"
           f"Plot them:  python -m oreal_fast.plot {run_dir}", file=sys.stderr)
     return run_dir

@@ -150,6 +150,9 @@ BAD = [
     ("device = 'tpu'", "device", "auto, cpu, cuda"),
     ("resume = '/no/such/checkpoint'", "resume", "does not exist"),
     ("max_prompts = 0", "max_prompts", ">= 1"),
+    ("keep_resume_states = -1", "keep_resume_states", ">= 0"),
+    ("cpu_offload = True", "cpu_offload", "not implemented here"),
+    ("actor = './no/such/folder'", "actor", "the local path './no/such/folder' does not exist"),
     ("data_difficulty_balance_cfg = [((0.5, 0.2), 3)]", "data_difficulty_balance_cfg", "low < high"),
     ("data_difficulty_balance_cfg = [(0.2, 3)]", "data_difficulty_balance_cfg", "((low, high), copies)"),
     ("data_judger_mapping = dict(math=['llm_judger'])", "data_judger_mapping", "'llm_judger'"),
@@ -179,6 +182,24 @@ def test_cpu_only_settings_are_refused_before_anything_loads(tmp_path, monkeypat
     with pytest.raises(ConfigError) as e:
         load_config(path)
     assert key in str(e.value) and path in str(e.value) and why in str(e.value)
+
+
+def test_official_keys_that_act_nowhere_here_are_named_at_start(tmp_path):
+    from oreal_fast.config import compatibility_notes
+
+    assert compatibility_notes(load_config(os.path.join(CONFIGS, "a100_40g.py"))) == []
+    cfg = load_config(_write(tmp_path, "tp_size = 4\nnum_workers = 2\nloss_type = 'per_seq'\n"
+                                       "filter_trajectory = False\nrl_global_batch = 8\n"))
+    assert compatibility_notes(cfg) == [
+        "accepted for compatibility, has no effect here: tp_size = 4 (tensor parallelism; one process holds each "
+        "whole model)",
+        "accepted for compatibility, has no effect here: num_workers = 2 (prompt DataLoader workers; prompts are "
+        "read once at start)",
+        "accepted for compatibility, has no effect here: loss_type = 'per_seq' (unused by the official trainer too; "
+        "the loss is normalised by global token counts)",
+        "accepted for compatibility, has no effect here: rl_global_batch = 8 (the official RL sampler's batch; "
+        "every kept sample is trained once per step)",
+    ]
 
 
 def test_missing_required_key(tmp_path):
@@ -227,7 +248,7 @@ def test_stop_word_must_be_one_token(tmp_path, word, ok):
 
 def test_cli_parses_overrides_like_fire_and_calls_the_trainer(tmp_path, monkeypatch):
     seen = []
-    monkeypatch.setitem(sys.modules, "oreal_fast.trainer", types.SimpleNamespace(train=seen.append))
+    monkeypatch.setitem(sys.modules, "oreal_fast.trainer", types.SimpleNamespace(train=lambda cfg, stop: seen.append(cfg)))
     main([_write(tmp_path), "--total_steps", "3", "--work_dir", "out/x",
           "--token_level_rm", "None", "--actor_lr", "1e-6"])
     (cfg,) = seen
@@ -253,7 +274,7 @@ def test_cli_exits_2_with_one_line_naming_the_key(tmp_path, args, key):
 def test_cli_turns_errors_raised_during_the_run_into_exit_2(tmp_path, monkeypatch, capsys, error, prefix):
     from oreal_fast.data import DataError
 
-    def train(cfg):
+    def train(cfg, stop):
         if error == "config":
             raise ConfigError("stop_word in cfg.py: x")
         raise DataError("p.jsonl:3: field 'question' is missing")

@@ -86,16 +86,24 @@ def _load_jsonl(source: str) -> list[PromptRecord]:
     if not os.path.isfile(path):
         raise DataError(f"{path}: prompt file does not exist")
     records = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-            records.append(_to_record(row, where))
+    try:
+        with open(path, "rb") as f:
+            raw_lines = f.read().splitlines()
+    except OSError as e:
+        raise DataError(f"{path}: prompt file cannot be read ({os.strerror(e.errno) if e.errno else e})") from None
+    for lineno, raw in enumerate(raw_lines, start=1):
+        where = f"{path}:{lineno}"
+        try:  # line by line, so that the error names the line that holds the bad byte
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"{where}: not valid UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1})") from None
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+        records.append(_to_record(row, where))
     return records
 
 

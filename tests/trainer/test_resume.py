@@ -1,5 +1,6 @@
-"""Kill-and-resume: a run that crashes after its step-2 checkpoint and is resumed logs the same
-steps 3-4 as a run that never stopped (same seed, CPU, deterministic)."""
+"""Resume: a run that crashes after its step-2 checkpoint and is resumed logs the same steps 3-4 as
+a run that never stopped (same seed, CPU, deterministic); the newest state is verified before it is
+trusted; only the newest ``keep_resume_states`` states stay; ``total_steps`` may grow on resume."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import os
 
 import pytest
 
-from oreal_fast.checkpoint import find_resume_state
-from oreal_fast.config import load_config
+from oreal_fast import checkpoint as ckpt
+from oreal_fast.config import ConfigError, load_config
 from oreal_fast.trainer import Trainer
 
 from conftest import KeywordRouter, ScriptedRollout, make_tokenizer, reproducible
@@ -28,21 +29,106 @@ def rows(run_dir: str) -> list[dict]:
         return [reproducible(json.loads(line)) for line in f]
 
 
-def test_resumed_run_matches_uninterrupted_run(tmp_path, tiny_model_dir, prompt_file):
-    for name in ("a", "b"):
-        (tmp_path / name).mkdir()
-    straight = load_config(write_config(tmp_path / "a", tiny_model_dir, tiny_model_dir, prompt_file,
-                                        actor_freeze_steps=1))
-    expected = rows(run(straight))
-    assert len(expected) == 4 and any(r["num_kept"] > 0 for r in expected[2:])
+def text_log(run_dir: str) -> str:
+    with open(os.path.join(run_dir, "rank0.log")) as f:
+        return f.read()
 
-    cfg_path = write_config(tmp_path / "b", tiny_model_dir, tiny_model_dir, prompt_file, actor_freeze_steps=1)
+
+def crashed_run(tmp_path, tiny_model_dir, prompt_file, name="b", **extra) -> tuple[str, str]:
+    """A run that dies generating step 3, after the hf-2 checkpoint: (config path, run folder)."""
+    (tmp_path / name).mkdir()
+    cfg_path = write_config(tmp_path / name, tiny_model_dir, tiny_model_dir, prompt_file, actor_freeze_steps=1,
+                            checkpoint_interval=1, **extra)
     with pytest.raises(RuntimeError, match="scripted crash"):
-        run(load_config(cfg_path), fail_at_call=2)  # dies generating step 3, after the hf-2 checkpoint
-    work_dir = str(tmp_path / "b" / "work")
-    state = find_resume_state("auto", work_dir)
-    assert state is not None and state.endswith("state-2.pt")
+        run(load_config(cfg_path), fail_at_call=2)
+    (run_dir,) = [os.path.join(tmp_path / name / "work", d) for d in os.listdir(tmp_path / name / "work")]
+    return cfg_path, run_dir
 
+
+@pytest.fixture(scope="module")
+def expected(tmp_path_factory, tiny_model_dir):
+    """The metrics of a straight 4-step run."""
+    folder = tmp_path_factory.mktemp("straight")
+    prompts = folder / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"question": f"What is {a} + {a}?", "gold_answer": str(2 * a),
+                                           "pass_rate": 0.25}) + "\n" for a in range(1, 9)))
+    straight = load_config(write_config(folder, tiny_model_dir, tiny_model_dir, str(prompts), actor_freeze_steps=1,
+                                        checkpoint_interval=1))
+    result = rows(run(straight))
+    assert len(result) == 4 and any(r["num_kept"] > 0 for r in result[2:])
+    return str(prompts), result
+
+
+def test_resumed_run_matches_uninterrupted_run(tmp_path, tiny_model_dir, expected):
+    prompts, straight = expected
+    cfg_path, run_dir = crashed_run(tmp_path, tiny_model_dir, prompts)
+    # keep_resume_states = 2: state-1 was removed once state-2 was complete
+    assert sorted(os.listdir(os.path.join(run_dir, "resume"))) == ["state-1.json", "state-1.pt",
+                                                                   "state-2.json", "state-2.pt"]
     resumed_dir = run(load_config(cfg_path, {"resume": "auto"}))
-    assert rows(resumed_dir) == expected
-    assert sorted(d for d in os.listdir(resumed_dir) if d.startswith("hf-")) == ["hf-2", "hf-4"]
+    assert resumed_dir == run_dir
+    assert rows(resumed_dir) == straight
+    assert sorted(d for d in os.listdir(resumed_dir) if d.startswith("hf-")) == ["hf-1", "hf-2", "hf-3", "hf-4"]
+    assert sorted(os.listdir(os.path.join(run_dir, "resume"))) == ["state-3.json", "state-3.pt",
+                                                                   "state-4.json", "state-4.pt"]
+    assert f"resumed from {ckpt.state_path(run_dir, 2)} at step 3" in text_log(run_dir)
+
+
+def test_a_truncated_newest_state_falls_back_to_the_one_before_and_total_steps_may_grow(
+        tmp_path, tiny_model_dir, expected):
+    prompts, straight = expected  # steps 3 and 4 are on the cosine, whose length total_steps sets
+    cfg_path, run_dir = crashed_run(tmp_path, tiny_model_dir, prompts, total_steps=3)
+    newest = ckpt.state_path(run_dir, 2)
+    size = os.path.getsize(newest)
+    os.truncate(newest, size // 2)
+    # interrupted writes of an earlier process: removed at the next start, with what they freed
+    with open(newest + ".tmp-99999", "wb") as f:
+        f.write(bytes(3 << 20))
+    os.mkdir(os.path.join(run_dir, "hf-3.tmp-99999"))
+
+    run(load_config(cfg_path, {"resume": "auto", "total_steps": 4}))
+    log = text_log(run_dir)
+    assert (f"state-2: state-2.pt has {size // 2} bytes, its manifest says {size}); resuming from state-1.pt "
+            "instead") in log
+    assert "removed 2 partial file(s) left by an interrupted write, 3.0 MiB freed: hf-3.tmp-99999, " \
+           "resume/state-2.pt.tmp-99999" in log
+    assert "total_steps is 4, the saved run planned 3: LR schedules recomputed for 4 steps" in log
+    assert f"resumed from {ckpt.state_path(run_dir, 1)} at step 2" in log
+    assert rows(run_dir) == straight
+    assert not [n for n in os.listdir(os.path.join(run_dir, "resume")) if ".tmp-" in n]
+
+
+@pytest.mark.parametrize("damage", ["delete", "flip"])
+def test_no_state_that_verifies_is_a_config_error_naming_each_fault(tmp_path, tiny_model_dir, expected, damage):
+    prompts, _ = expected
+    cfg_path, run_dir = crashed_run(tmp_path, tiny_model_dir, prompts, keep_resume_states=1)
+    path = ckpt.state_path(run_dir, 2)
+    if damage == "delete":
+        os.remove(path)
+        why = "state-2.pt is missing"
+    else:
+        with open(path, "r+b") as f:
+            f.seek(100)
+            byte = f.read(1)
+            f.seek(100)
+            f.write(bytes([byte[0] ^ 1]))
+        why = "state-2.pt does not match its manifest's SHA-256"
+    with pytest.raises(ConfigError) as e:
+        run(load_config(cfg_path, {"resume": run_dir}))
+    assert str(e.value) == (f"resume in {cfg_path}: {os.path.join(run_dir, 'resume')}: no resume state verifies "
+                            f"(state-2: {why})")
+
+
+def test_keep_zero_writes_no_state_and_resume_auto_starts_a_new_run(tmp_path, tiny_model_dir, expected):
+    prompts, straight = expected
+    cfg_path = write_config(tmp_path, tiny_model_dir, tiny_model_dir, prompts, actor_freeze_steps=1,
+                            checkpoint_interval=1, keep_resume_states=0, total_steps=2)
+    run_dir = run(load_config(cfg_path, {"resume": "auto"}))
+    assert not os.path.exists(os.path.join(run_dir, "resume"))
+    assert sorted(d for d in os.listdir(run_dir) if d.startswith("hf-")) == ["hf-1", "hf-2"]
+    log = text_log(run_dir)
+    assert f"no resume state under {tmp_path / 'work'}; starting a new run" in log
+    assert rows(run_dir) == straight[:2]
+    # the text line shows the scheduler LR of the frozen step 1, as the official one does, and says so
+    assert "[Step 1] step: 1 actor_lr: 0.0010 (scheduler; actor frozen, not applied) actor_grad_norm" in log
+    assert "[Step 2] step: 2 actor_lr: 0.0010 actor_grad_norm" in log
