@@ -3,7 +3,9 @@
 #   OUT=results_dir bash benchmarks/run_gpu.sh PART [PART ...]
 # Parts:
 #   tests      the GPU test set (model, kernels, trainer loop, rollout) -> gpu_tests.log
-#   bench      the benchmark suite as JSON -> bench.json, bench.log (BENCH="files" picks suites)
+#   bench      the benchmark suite as JSON -> bench.json, bench.log (BENCH="files" picks suites,
+#              BENCH_K a -k expression, BENCH_NAME the output name); bench2, bench3 more suites
+#              (BENCH2, BENCH2_K, BENCH2_TIMEOUT, ...) -> bench2.json, bench3.json
 #   profile    where one RL phase's time goes -> rl_loop_profile.json
 #   train      the trainer CLI for 3 steps on a random-init 0.5B-shaped folder -> train_*.jsonl
 #   sweep      the linear_logprob tile sweep -> sweep.json
@@ -25,15 +27,21 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv 
 PY="python3 -P"
 # the tests that need a GPU (the rest of each file skips or runs in seconds)
 GPU_TESTS="tests/model/test_decoder_gpu.py tests/kernels tests/trainer/test_loss_impl.py tests/trainer/test_trainer_gpu.py"
+run_bench() {  # files, -k expression, output name, timeout
+  timeout "$4" $PY -m pytest $1 --benchmark-only -q -p no:cacheprovider ${2:+-k "$2"} \
+    --benchmark-json "$OUT/$3.json" --benchmark-columns=median,iqr,rounds --benchmark-sort=name 2>&1
+}
 for part in "$@"; do
   case $part in
     tests)
       timeout ${TESTS_TIMEOUT:-240} $PY -m pytest ${TESTS:-$GPU_TESTS} -q -ra -p no:cacheprovider \
         2>&1 | tee "$OUT/gpu_tests.log" ;;
     bench)
-      timeout ${BENCH_TIMEOUT:-300} $PY -m pytest ${BENCH:-benchmarks/} --benchmark-only -q -p no:cacheprovider \
-        --benchmark-json "$OUT/bench.json" --benchmark-columns=median,iqr,rounds \
-        --benchmark-sort=name 2>&1 | tee "$OUT/bench.log" ;;
+      run_bench "${BENCH:-benchmarks/}" "${BENCH_K:-}" "${BENCH_NAME:-bench}" "${BENCH_TIMEOUT:-300}" ;;
+    bench2)  # more suites in the same session, so a timeout in one keeps the others' JSON
+      run_bench "$BENCH2" "${BENCH2_K:-}" bench2 "${BENCH2_TIMEOUT:-300}" ;;
+    bench3)
+      run_bench "$BENCH3" "${BENCH3_K:-}" bench3 "${BENCH3_TIMEOUT:-300}" ;;
     profile)
       PYTHONPATH=benchmarks:${PYTHONPATH:-} timeout 180 $PY benchmarks/profile_rl_loop.py --out "$OUT/rl_loop_profile.json" \
         2>&1 | tee "$OUT/profile.log" ;;
@@ -41,7 +49,7 @@ for part in "$@"; do
       [ -d /tmp/random_qwen ] || $PY benchmarks/make_random_qwen.py /tmp/random_qwen --tokenizer .gpu/qwen_tokenizer
       for budget in ${TRAIN_BUDGETS:-32768 0}; do
         rm -rf /tmp/train_work
-        (cd /tmp && timeout 300 $PY -m oreal_fast.train "$OLDPWD/configs/a100_40g.py" --actor /tmp/random_qwen \
+        (cd /tmp && timeout ${TRAIN_TIMEOUT:-300} $PY -m oreal_fast.train "$OLDPWD/configs/a100_40g.py" --actor /tmp/random_qwen \
           --reference /tmp/random_qwen --token_level_rm /tmp/random_qwen \
           --datasets package://oreal_fast/assets/demo_problems.jsonl --gen_global_batch 64 --gen_max_new 192 \
           --filter_trajectory False --total_steps 3 --warmup_steps 1 --actor_freeze_steps 0 \
