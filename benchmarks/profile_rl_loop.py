@@ -59,7 +59,7 @@ def profile_variant(name: str, budget: int, backend: str) -> dict:
     models = rl_models()
     _use_backend(models, backend)
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-7, fused=True) for m in (models.actor, models.token_rm)]
-    settings = rl_settings(TrainConfig(actor="random", datasets="none"), Precision(torch.device(DEVICE), torch.bfloat16))
+    settings = rl_settings(TrainConfig(actor="random", datasets="none", threshold_rescale=True), Precision(torch.device(DEVICE), torch.bfloat16))
 
     def phase():
         rl_phase(models, kept, settings, micro_batch_size=2, token_budget=budget, update_actor=True)

@@ -26,7 +26,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv 
 # -P: the checkout root stays off sys.path, so `kernels/` imports only as oreal_fast.kernels
 PY="python3 -P"
 # the tests that need a GPU (the rest of each file skips or runs in seconds)
-GPU_TESTS="tests/model/test_decoder_gpu.py tests/kernels tests/trainer/test_loss_impl.py tests/trainer/test_trainer_gpu.py"
+GPU_TESTS="tests/model/test_decoder_gpu.py tests/kernels tests/trainer/test_loss_impl.py tests/trainer/test_trainer_gpu.py
+  tests/rollout/test_engine_gpu.py"
 run_bench() {  # files, -k expression, output name, timeout
   timeout "$4" $PY -m pytest $1 --benchmark-only -q -p no:cacheprovider ${2:+-k "$2"} \
     --benchmark-json "$OUT/$3.json" --benchmark-columns=median,iqr,rounds --benchmark-sort=name 2>&1
@@ -34,8 +35,10 @@ run_bench() {  # files, -k expression, output name, timeout
 for part in "$@"; do
   case $part in
     tests)
-      timeout ${TESTS_TIMEOUT:-240} $PY -m pytest ${TESTS:-$GPU_TESTS} -q -ra -p no:cacheprovider \
-        2>&1 | tee "$OUT/gpu_tests.log" ;;
+      # one pytest per folder: test folders each have a conftest.py, and test modules import theirs by name
+      for t in ${TESTS:-$GPU_TESTS}; do
+        timeout ${TESTS_TIMEOUT:-240} $PY -m pytest "$t" -q -ra -p no:cacheprovider 2>&1 | tee -a "$OUT/gpu_tests.log"
+      done ;;
     bench)
       run_bench "${BENCH:-benchmarks/}" "${BENCH_K:-}" "${BENCH_NAME:-bench}" "${BENCH_TIMEOUT:-300}" ;;
     bench2)  # more suites in the same session, so a timeout in one keeps the others' JSON

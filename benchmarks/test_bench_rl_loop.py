@@ -66,7 +66,7 @@ def test_rl_loop(benchmark, provider, case):
         models = rl_models()
         actor_opt = torch.optim.AdamW(models.actor.parameters(), lr=1e-7, weight_decay=0.01, fused=True)
         rm_opt = torch.optim.AdamW(models.token_rm.parameters(), lr=1e-7, weight_decay=0.01, fused=True)
-        settings = rl_settings(TrainConfig(actor="random", datasets="none"), Precision(torch.device(DEVICE), torch.bfloat16))
+        settings = rl_settings(TrainConfig(actor="random", datasets="none", threshold_rescale=True), Precision(torch.device(DEVICE), torch.bfloat16))
         budget = BUDGETS[provider]
 
         def phase():

@@ -90,10 +90,14 @@ def model_ref_errors(cfg: TrainConfig, key: str):
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` -> CUDA when visible, else CPU (the config has checked that a named one exists)."""
+    """``auto`` -> CUDA when visible, else CPU (the config has checked that a named one exists).
+
+    A CUDA device comes with its index (the current device): the memory queries and caps of
+    ``torch.cuda`` refuse a bare ``cuda``.
+    """
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device("cuda", torch.cuda.current_device()) if name == "cuda" else torch.device(name)
 
 
 def resolve_precision(cfg: TrainConfig, device: torch.device) -> Precision:

@@ -66,10 +66,11 @@ def kv_cache_bytes(device: torch.device, *, gib: float | None, memory_fraction: 
     if gib is not None:
         return int(gib * 2**30)
     if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        free, total = torch.cuda.mem_get_info(index)
         # under a per-process cap (gpu_memory_limit_gib) only what the cap leaves counts
-        fraction_of = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _: 1.0)
-        free = min(free, int(fraction_of(device) * total) - torch.cuda.memory_reserved(device))
+        cap = int(torch.cuda.get_per_process_memory_fraction(index) * total)
+        free = min(free, cap - torch.cuda.memory_reserved(index))
     else:
         free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     return max(0, int(memory_fraction * (free - reserve_bytes)))
