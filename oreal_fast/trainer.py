@@ -46,6 +46,7 @@ from oreal_fast.config import ConfigError, TrainConfig, validate_stop_word
 from oreal_fast.data.chat import render_prompt_ids
 from oreal_fast.data.prompts import DataError, PromptRecord, balance_by_difficulty, load_prompt_records
 from oreal_fast.data.sampler import PromptSampler, repeat_k
+from oreal_fast.evaluate import Evaluator, validation_due
 from oreal_fast.judge import JudgeItem, Router
 from oreal_fast.metrics import MetricsWriter, dump_trajectories
 from oreal_fast.model.decoder import max_rope_positions
@@ -164,6 +165,9 @@ class Trainer:
         self.stop_token_id = validate_stop_word(cfg, self.tokenizer)
 
         self._load_data()
+        # held-out problems load (and fail) before any model does
+        self.evaluator = (Evaluator.from_config(cfg, tokenizer=self.tokenizer, stop_token_id=self.stop_token_id,
+                                                device=self.device) if cfg.val_datasets is not None else None)
         self.total_steps = min(cfg.total_steps, self.sampler.num_steps)  # official cap (3.4)
         self._load_models()
         self._build_optimizers()
@@ -469,6 +473,14 @@ class Trainer:
     # ----------------------------------------------------------------------------------------
     # the run
 
+    def validate(self, steps_done: int) -> None:
+        """Held-out greedy pass@1 (and sampled pass@k) of the actor after ``steps_done`` steps,
+        through the run's rollout and judger; not part of the official trainer."""
+        self._phase("validate")
+        with torch.no_grad(), self.precision.autocast():
+            result = self.evaluator.evaluate(self.rollout, self.router)
+        self.metrics.write_validation(steps_done, result.metrics())
+
     def fit(self) -> str:
         """Runs steps ``start_step .. total_steps - 1``; returns the run folder."""
         cfg = self.cfg
@@ -479,6 +491,8 @@ class Trainer:
         self._progress = tqdm(range(self.start_step, self.total_steps), initial=self.start_step,
                               total=self.total_steps, desc="oreal", unit="step", file=sys.stderr)
         try:
+            if self.evaluator is not None and cfg.val_before_train and self.start_step == 0:
+                self.validate(0)
             for step in self._progress:
                 metrics = self.step(step)
                 self.metrics.write(metrics, kl_coef=cfg.kl_coef, scheduler_actor_lr=self.actor_scheduler.lr)
@@ -488,6 +502,8 @@ class Trainer:
                 if (step + 1) % every == 0 or step + 1 == self.total_steps:
                     self._phase("checkpoint")
                     self.save_checkpoint(step)
+                if self.evaluator is not None and validation_due(step + 1, cfg.val_interval, self.total_steps):
+                    self.validate(step + 1)
         finally:
             self._progress.close()
             self.metrics.close()
