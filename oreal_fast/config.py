@@ -193,9 +193,10 @@ class TrainConfig:
     val_before_train: bool = False
     """Validate the initial actor before step 1 (a resumed run does not redo it)."""
     val_samples_per_problem: int = 0
-    """n sampled responses per problem, for sampled pass@1 and pass@n, >= 0; 0 = greedy pass@1 only."""
+    """n sampled responses per problem, for sampled pass@1 and pass@n, >= 0; 0 = greedy pass@1 only
+    (used only with val_datasets)."""
     val_max_problems: int | None = None
-    """Keep only the first N held-out problems, N >= 1; None = all."""
+    """Keep only the first N held-out problems, N >= 1; None = all (used only with val_datasets)."""
 
     # --- ours ---
     loss_impl: str = "auto"
@@ -528,14 +529,12 @@ def _check_validation(c: _Checker, cfg: TrainConfig) -> None:
             c.fail(key, f"must be an int >= 0, got {getattr(cfg, key)}")
     if cfg.val_max_problems is not None and cfg.val_max_problems < 1:
         c.fail("val_max_problems", f"must be None or an int >= 1, got {cfg.val_max_problems}")
-    if cfg.val_datasets is None:  # a validation setting without problems would silently do nothing
-        asked = {"val_interval": cfg.val_interval > 0, "val_before_train": cfg.val_before_train,
-                 "val_samples_per_problem": cfg.val_samples_per_problem > 0,
-                 "val_max_problems": cfg.val_max_problems is not None}
-        for key, set_ in asked.items():
-            if set_:
-                c.fail(key, f"{getattr(cfg, key)!r} asks for validation but val_datasets is None "
-                       "(set val_datasets, or leave this key at its default)")
+    # asking for a validation without problems would silently do nothing (the sample count and the
+    # problem cap only say how to validate: like rl_global_batch, unused when there is nothing to do)
+    for key, asked in (("val_interval", cfg.val_interval > 0), ("val_before_train", cfg.val_before_train)):
+        if asked and cfg.val_datasets is None:
+            c.fail(key, f"{getattr(cfg, key)!r} asks for validation but val_datasets is None "
+                   f"(set val_datasets, or {key} = {_FIELDS[key].default!r})")
 
 
 def _check_judgers(c: _Checker, cfg: TrainConfig) -> None:

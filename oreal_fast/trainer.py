@@ -477,9 +477,10 @@ class Trainer:
         """Held-out greedy pass@1 (and sampled pass@k) of the actor after ``steps_done`` steps,
         through the run's rollout and judger; not part of the official trainer."""
         self._phase("validate")
+        t0 = time.perf_counter()
         with torch.no_grad(), self.precision.autocast():
             result = self.evaluator.evaluate(self.rollout, self.router)
-        self.metrics.write_validation(steps_done, result.metrics())
+        self.metrics.write_validation(steps_done, {**result.metrics(), "val_time": time.perf_counter() - t0})
 
     def fit(self) -> str:
         """Runs steps ``start_step .. total_steps - 1``; returns the run folder."""

@@ -144,7 +144,6 @@ VAL = 'val_datasets = "package://oreal_fast/assets/demo_problems_val.jsonl"\n'
 @pytest.mark.parametrize("extra,key,why", [
     ("val_interval = 2\n", "val_interval", "val_datasets is None"),
     ("val_before_train = True\n", "val_before_train", "val_datasets is None"),
-    ("val_samples_per_problem = 4\n", "val_samples_per_problem", "val_datasets is None"),
     (VAL + "val_interval = -1\n", "val_interval", "int >= 0"),
     (VAL + "val_samples_per_problem = -2\n", "val_samples_per_problem", "int >= 0"),
     (VAL + "val_max_problems = 0\n", "val_max_problems", ">= 1"),
