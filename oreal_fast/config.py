@@ -189,7 +189,7 @@ class TrainConfig:
     """Held-out problems, same forms as datasets, not difficulty-balanced; None = no validation (else it
     runs after the last step at least)."""
     val_interval: int = 0
-    """Also validate after every N steps, N >= 0; 0 = only after the last step (and before the first)."""
+    """Also validate after every N steps, N >= 0; 0 = only after the last step (and before step 1 if asked)."""
     val_before_train: bool = False
     """Validate the initial actor before step 1 (a resumed run does not redo it)."""
     val_samples_per_problem: int = 0

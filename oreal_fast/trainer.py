@@ -13,6 +13,8 @@ Where we differ from the official trainer (details and reasons in docs/differenc
  5. Checkpoints also hold what a resume needs, written atomically; ``--resume`` continues a run.
  6. The judger has timeouts everywhere; a verifier failure is still reward -1, but counted.
  7. The reference forward and the token RM run before the actor in each micro-batch (10.3 allows it).
+ 8. Optional held-out validation (``val_*`` keys, ``oreal_fast.evaluate``) on its own generator; the
+    official trainer evaluates checkpoints separately. It leaves the training stream as it was.
 Data parallelism keeps ``dp`` in the math (normalisers are global counts); this loop runs dp = 1.
 """
 
