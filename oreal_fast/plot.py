@@ -71,6 +71,8 @@ def plot_run(path: str, out: str | None = None) -> str:
         for key in keys:
             ax.plot([r["step"] for r in panel_rows], [r[key] for r in panel_rows], marker="o", markersize=3,
                     label=key)
+        if title == VAL_PANEL[0]:  # shares drawn to scale: one problem more is not a trend
+            ax.set_ylim(-0.02, 1.02)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
