@@ -43,6 +43,14 @@ data_difficulty_balance_cfg = [  # the official buckets (ref 3.2): easy problems
     ((0.6, 0.8), 2),
 ]
 
+# Held-out validation (ours, not the official trainer's): greedy pass@1 on 16 problems of a set the
+# training file does not hold (same generator, another seed), before step 1 and after the last step.
+val_datasets = "package://oreal_fast/assets/demo_problems_val.jsonl"
+val_interval = 0  # no validation between; the end-of-run one always runs
+val_before_train = True
+val_samples_per_problem = 0  # greedy only: sampled pass@k would cost n x 16 generations per validation
+val_max_problems = 16
+
 prompt_repeat_k = 4  # small groups still give mixed correct/incorrect pairs at these pass rates
 gen_global_batch = 16  # 4 prompts per step
 gen_max_new = 96  # enough for a short worked answer and \boxed{}

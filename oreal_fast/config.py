@@ -219,6 +219,20 @@ class TrainConfig:
     data_judger_mapping: dict[str, list[str]] = field(default_factory=lambda: {"math": ["math_judger"]})
     """data_source -> names of the judgers that score it."""
 
+    # --- validation (not in the official trainer, which evaluates checkpoints separately) ---
+    val_datasets: str | list[str] | None = None
+    """Held-out problems, same forms as datasets, not difficulty-balanced; None = no validation (else it
+    runs after the last step at least)."""
+    val_interval: int = 0
+    """Also validate after every N steps, N >= 0; 0 = only after the last step (and before step 1 if asked)."""
+    val_before_train: bool = False
+    """Validate the initial actor before step 1 (a resumed run does not redo it)."""
+    val_samples_per_problem: int = 0
+    """n sampled responses per problem, for sampled pass@1 and pass@n, >= 0; 0 = greedy pass@1 only
+    (used only with val_datasets)."""
+    val_max_problems: int | None = None
+    """Keep only the first N held-out problems, N >= 1; None = all (used only with val_datasets)."""
+
     # --- ours ---
     loss_impl: str = "auto"
     """The LM-head kernels' impl: auto (triton on CUDA, eager on CPU) | triton | eager."""
@@ -272,6 +286,13 @@ def load_config(path: str, overrides: dict[str, object] | None = None) -> TrainC
     overrides = dict(overrides or {})
     raw.update(overrides)
     return _validate(raw, path, set(overrides))
+
+
+def config_from_values(values: dict[str, object], source: str) -> TrainConfig:
+    """Validates settings that come without a config file (``python -m oreal_fast.eval`` with no
+    --config); ``source`` stands in for the file's name in error messages, and every key counts as
+    set on the command line."""
+    return _validate(dict(values), source, set(values))
 
 
 def _run_config_file(path: str) -> dict[str, Any]:
@@ -371,6 +392,7 @@ def _validate(raw: dict[str, Any], path: str, overridden: set[str]) -> TrainConf
     _check_ranges(c, cfg)
     _check_rollout_engine(c, cfg)
     _check_combinations(c, cfg)
+    _check_validation(c, cfg)
     _check_judgers(c, cfg)
     return cfg
 
@@ -383,6 +405,8 @@ def _check_type(c: _Checker, key: str, value: Any, hint: Any) -> Any:
     """Checks one value against its field type; returns it normalised (int -> float, tuples)."""
     if key == "datasets":
         return _check_datasets(c, value)
+    if key == "val_datasets":
+        return None if value is None else _check_datasets(c, value, key)
     if key == "data_difficulty_balance_cfg":
         return _check_buckets(c, value)
     if key in ("judgers_config", "data_judger_mapping"):
@@ -405,10 +429,10 @@ def _check_type(c: _Checker, key: str, value: Any, hint: Any) -> Any:
     c.fail(key, f"expected {allowed}, got {type(value).__name__} {value!r}")
 
 
-def _check_datasets(c: _Checker, value: Any) -> str | list[str]:
+def _check_datasets(c: _Checker, value: Any, key: str = "datasets") -> str | list[str]:
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, (list, tuple)) or not items or not all(isinstance(s, str) and s for s in items):
-        c.fail("datasets", f"expected a non-empty str or a non-empty list of str, got {value!r}")
+        c.fail(key, f"expected a non-empty str or a non-empty list of str, got {value!r}")
     from oreal_fast.data.prompts import resolve_path
 
     for source in items:
@@ -416,9 +440,9 @@ def _check_datasets(c: _Checker, value: Any) -> str | list[str]:
             try:
                 local = resolve_path(source)
             except ValueError as e:
-                c.fail("datasets", str(e))
+                c.fail(key, str(e))
             if not os.path.isfile(local):
-                c.fail("datasets", f"jsonl file {local!r} does not exist")
+                c.fail(key, f"jsonl file {local!r} does not exist")
     return value if isinstance(value, str) else list(value)
 
 
@@ -566,6 +590,20 @@ def _check_combinations(c: _Checker, cfg: TrainConfig) -> None:
         if not 0 < cfg.gpu_memory_limit_gib <= total:
             c.fail("gpu_memory_limit_gib", f"must be in (0, {total:.1f}] GiB (this GPU's memory), "
                    f"got {cfg.gpu_memory_limit_gib}")
+
+
+def _check_validation(c: _Checker, cfg: TrainConfig) -> None:
+    for key in ("val_interval", "val_samples_per_problem"):
+        if getattr(cfg, key) < 0:
+            c.fail(key, f"must be an int >= 0, got {getattr(cfg, key)}")
+    if cfg.val_max_problems is not None and cfg.val_max_problems < 1:
+        c.fail("val_max_problems", f"must be None or an int >= 1, got {cfg.val_max_problems}")
+    # asking for a validation without problems would silently do nothing (the sample count and the
+    # problem cap only say how to validate: like rl_global_batch, unused when there is nothing to do)
+    for key, asked in (("val_interval", cfg.val_interval > 0), ("val_before_train", cfg.val_before_train)):
+        if asked and cfg.val_datasets is None:
+            c.fail(key, f"{getattr(cfg, key)!r} asks for validation but val_datasets is None "
+                   f"(set val_datasets, or {key} = {_FIELDS[key].default!r})")
 
 
 def _check_judgers(c: _Checker, cfg: TrainConfig) -> None:

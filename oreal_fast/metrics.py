@@ -4,6 +4,9 @@ Writes, under one run folder:
   ``rank0.log.jsonl``      one JSON object per step: the official keys of 5.1 in their order, then ours
   ``rank0.log``            a text line per ``log_interval`` steps
   ``tensorboard/``         one scalar per numeric metric per step
+  ``validation.jsonl``     one JSON object per held-out validation: ``step`` (steps trained before
+                           it, 0 = the initial actor), then the ``val_*`` metrics (also in the text
+                           log and TensorBoard)
   ``trajectories/step.{i}.jsonl`` and ``.log``  the kept trajectories of step i (5.2)
 
 It does not compute metrics; the trainer hands it a finished dict. Invariant: the jsonl file only
@@ -54,6 +57,7 @@ class MetricsWriter:
         self.log_interval = log_interval
         self.jsonl_path = os.path.join(run_dir, "rank0.log.jsonl")
         self.text_path = os.path.join(run_dir, "rank0.log")
+        self.validation_path = os.path.join(run_dir, "validation.jsonl")
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -61,13 +65,10 @@ class MetricsWriter:
             self._tb = SummaryWriter(os.path.join(run_dir, "tensorboard"))
 
     def truncate_after(self, last_step: int) -> None:
-        """Drops jsonl lines of steps > ``last_step`` (1-based), so a resumed run does not log twice."""
-        if not os.path.exists(self.jsonl_path):
-            return
-        with open(self.jsonl_path, encoding="utf-8") as f:
-            kept = [line for line in f if line.strip() and json.loads(line)["step"] <= last_step]
-        with open(self.jsonl_path, "w", encoding="utf-8") as f:
-            f.writelines(kept)
+        """Drops jsonl lines of steps > ``last_step`` (1-based), so a resumed run does not log twice;
+        validations after more than ``last_step`` steps go too."""
+        for path in (self.jsonl_path, self.validation_path):
+            _truncate_jsonl(path, last_step)
 
     def write(self, metrics: dict[str, Any], *, kl_coef: float, scheduler_actor_lr: float) -> None:
         """Writes one step. ``metrics`` must hold every official key; extra keys follow them."""
@@ -95,6 +96,19 @@ class MetricsWriter:
             with open(self.text_path, "a", encoding="utf-8") as f:
                 f.write(f"[Step {step}] {line}\n")
 
+    def write_validation(self, step: int, metrics: dict[str, float | int]) -> None:
+        """Writes one held-out validation after ``step`` steps (0 = before the first) to
+        ``validation.jsonl``, the text log and TensorBoard. These rows are not steps, so they never
+        enter ``rank0.log.jsonl``, which keeps the official format."""
+        row = {"step": step, **metrics}
+        with open(self.validation_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+        if self._tb is not None:
+            for key, value in metrics.items():
+                self._tb.add_scalar(key, value, step)
+            self._tb.flush()
+        self.log_text(f"[Validation after step {step}] " + " ".join(f"{k}: {_fmt(v)}" for k, v in metrics.items()))
+
     def log_text(self, message: str) -> None:
         """Appends a free-form line (warnings, start-up facts) to the text log."""
         with open(self.text_path, "a", encoding="utf-8") as f:
@@ -103,6 +117,15 @@ class MetricsWriter:
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+
+
+def _truncate_jsonl(path: str, last_step: int) -> None:
+    if not os.path.exists(path):
+        return
+    with open(path, encoding="utf-8") as f:
+        kept = [line for line in f if line.strip() and json.loads(line)["step"] <= last_step]
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(kept)
 
 
 def _fmt(value: Any) -> str:

@@ -1,14 +1,16 @@
 """``python -m oreal_fast.plot RUN_DIR [--out FILE]``: one PNG of a run's curves over steps.
 
 Reads ``rank0.log.jsonl`` of a run folder (or the newest run under a ``work_dir``) and draws
-reward, the three actor loss terms, the token-RM loss, KL and response length. Writes
-``RUN_DIR/curves.png`` unless ``--out`` says otherwise.
+reward, the three actor loss terms, the token-RM loss, KL and response length; when the run
+validated, also the held-out pass rates of ``validation.jsonl`` (step 0 = the initial actor).
+Writes ``RUN_DIR/curves.png`` unless ``--out`` says otherwise.
 """
 
 from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import sys
 
@@ -22,6 +24,7 @@ PANELS = (
     ("response length (tokens)", ("avg_new_tokens",)),
     ("learning rates", ("actor_lr", "token_level_rm_lr")),
 )
+VAL_PANEL = ("held-out pass rate", ("val_greedy_pass1", "val_sampled_pass1", "val_pass_at_k"))
 
 
 def find_metrics_file(path: str) -> str:
@@ -35,8 +38,11 @@ def find_metrics_file(path: str) -> str:
     return runs[-1]
 
 
-def read_metrics(path: str) -> list[dict]:
-    """The step rows; a line that is not a JSON object with every plotted key is a ValueError naming it."""
+def read_metrics(path: str, panels=PANELS) -> list[dict]:
+    """The rows of a jsonl file, none when it does not exist (a run without validation); a line that
+    is not a JSON object with a step and every key of ``panels`` is a ValueError naming it."""
+    if not os.path.isfile(path):
+        return []
     rows = []
     with open(path, encoding="utf-8", errors="replace") as f:
         for lineno, line in enumerate(f, start=1):
@@ -46,7 +52,7 @@ def read_metrics(path: str) -> list[dict]:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            missing = [k for _, keys in PANELS for k in ("step", *keys) if not isinstance(row, dict) or k not in row]
+            missing = [k for _, keys in panels for k in ("step", *keys) if not isinstance(row, dict) or k not in row]
             if missing:
                 raise ValueError(f"{path}:{lineno}: no {missing[0]!r} (not a metrics row of oreal-fast)")
             rows.append(row)
@@ -65,11 +71,22 @@ def plot_run(path: str, out: str | None = None) -> str:
     rows = read_metrics(metrics_file)
     if not rows:
         raise ValueError(f"{metrics_file} holds no step yet")
-    steps = [r["step"] for r in rows]
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8), constrained_layout=True)
-    for ax, (title, keys) in zip(axes.flat, PANELS):
+    panels = [(title, keys, rows) for title, keys in PANELS]
+    # sampled pass rates exist only when sampled: each validation row needs just its step
+    val_rows = read_metrics(os.path.join(os.path.dirname(metrics_file), "validation.jsonl"), panels=[("", ())])
+    if val_rows:
+        panels.append((*VAL_PANEL, val_rows))
+    num_cols = math.ceil(len(panels) / 2)
+    fig, axes = plt.subplots(2, num_cols, figsize=(5 * num_cols, 8), constrained_layout=True)
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    for ax, (title, keys, panel_rows) in zip(axes.flat, panels):
+        keys = [k for k in keys if k in panel_rows[0]]  # sampled pass rates exist only when sampled
         for key in keys:
-            ax.plot(steps, [r[key] for r in rows], marker="o", markersize=3, label=key)
+            ax.plot([r["step"] for r in panel_rows], [r[key] for r in panel_rows], marker="o", markersize=3,
+                    label=key)
+        if title == VAL_PANEL[0]:  # shares drawn to scale: one problem more is not a trend
+            ax.set_ylim(-0.02, 1.02)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -14,6 +14,8 @@ Where we differ from the official trainer (details and reasons in docs/differenc
     them; ``--resume`` continues a run, SIGINT / SIGTERM stop it at a safe point (``interrupt``).
  6. The judger has timeouts everywhere; a verifier failure is still reward -1, but counted.
  7. The reference forward and the token RM run before the actor in each micro-batch (10.3 allows it).
+ 8. Optional held-out validation (``val_*`` keys, ``oreal_fast.evaluate``) on its own generator; the
+    official trainer evaluates checkpoints separately. It leaves the training stream as it was.
 Data parallelism keeps ``dp`` in the math (normalisers are global counts); this loop runs dp = 1.
 """
 
@@ -46,6 +48,7 @@ from oreal_fast.config import ConfigError, TrainConfig, compatibility_notes, val
 from oreal_fast.data.chat import render_prompt_ids
 from oreal_fast.data.prompts import DataError, PromptRecord, balance_by_difficulty, load_prompt_records
 from oreal_fast.data.sampler import PromptSampler, repeat_k
+from oreal_fast.evaluate import Evaluator, validation_due
 from oreal_fast.interrupt import StopRun, StopSignals
 from oreal_fast.judge import JudgeItem, Router
 from oreal_fast.metrics import MetricsWriter, dump_trajectories
@@ -174,6 +177,9 @@ class Trainer:
         self.stop_token_id = validate_stop_word(cfg, self.tokenizer)
 
         self._load_data()
+        # held-out problems load (and fail) before any model does
+        self.evaluator = (Evaluator.from_config(cfg, tokenizer=self.tokenizer, stop_token_id=self.stop_token_id,
+                                                device=self.device) if cfg.val_datasets is not None else None)
         self.total_steps = min(cfg.total_steps, self.sampler.num_steps)  # official cap (3.4)
         self._load_models()
         self._build_optimizers()
@@ -591,6 +597,15 @@ class Trainer:
     # ----------------------------------------------------------------------------------------
     # the run
 
+    def validate(self, steps_done: int) -> None:
+        """Held-out greedy pass@1 (and sampled pass@k) of the actor after ``steps_done`` steps,
+        through the run's rollout and judger; not part of the official trainer."""
+        self._phase("validate")
+        t0 = time.perf_counter()
+        with torch.no_grad(), self.precision.autocast():
+            result = self.evaluator.evaluate(self.rollout, self.router)
+        self.metrics.write_validation(steps_done, {**result.metrics(), "val_time": time.perf_counter() - t0})
+
     def fit(self) -> str:
         """Runs steps ``start_step .. total_steps - 1``; returns the run folder.
 
@@ -610,6 +625,8 @@ class Trainer:
         self._progress = tqdm(range(self.start_step, self.total_steps), initial=self.start_step,
                               total=self.total_steps, desc="oreal", unit="step", file=sys.stderr)
         try:
+            if self.evaluator is not None and cfg.val_before_train and self.start_step == 0:
+                self.validate(0)
             for step in self._progress:
                 self.stop.step = step + 1
                 metrics = self.step(step)
@@ -622,6 +639,8 @@ class Trainer:
                     self._phase("checkpoint")
                     self.save_checkpoint(step)
                     saved = done
+                if self.evaluator is not None and validation_due(done, cfg.val_interval, self.total_steps):
+                    self.validate(done)
         except StopRun as stop:
             failed = ""
             if done > saved and cfg.save_on_signal and cfg.keep_resume_states:

@@ -1,5 +1,6 @@
 """The embedded demo end to end for 2 steps, as the README's first command runs it: the official
-metric keys in order, a checkpoint folder transformers loads, and the plot command."""
+metric keys in order, a checkpoint folder transformers loads, the plot command, and the held-out
+validation before and after training."""
 
 from __future__ import annotations
 
@@ -60,3 +61,11 @@ def test_demo_trajectories_and_plot(demo_run):
     png = out.stdout.strip().splitlines()[-1]
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_demo_validates_held_out_problems_before_and_after_training(demo_run):
+    with open(os.path.join(demo_run, "validation.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    assert [r["step"] for r in rows] == [0, 2]  # before step 1 and after the last (--total_steps 2)
+    for r in rows:
+        assert r["val_num_problems"] == 16 and r["val_greedy_pass1"] * 16 == int(r["val_greedy_pass1"] * 16)

@@ -1,6 +1,9 @@
-"""Writes the demo prompt set ``oreal_fast/assets/demo_problems.jsonl`` (deterministic).
+"""Writes the demo prompt set ``oreal_fast/assets/demo_problems.jsonl`` and its held-out
+validation set ``demo_problems_val.jsonl`` (deterministic).
 
-Run ``python -m oreal_fast.data.make_demo_problems`` to regenerate it byte for byte.
+Run ``python -m oreal_fast.data.make_demo_problems`` to regenerate both byte for byte. The held-out
+problems come from the same generator under another seed, skipping every training question, so no
+question is in both files.
 The problems are small arithmetic and one-step word problems that a 135M instruct model solves
 some of the time, with plain-number gold answers. Their ``pass_rate`` values are **synthetic**:
 a difficulty estimate from the operation and the size of the numbers, plus seeded noise,
@@ -18,7 +21,11 @@ import random
 
 SEED = 20250211
 NUM_PROBLEMS = 320
-DEFAULT_OUT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets", "demo_problems.jsonl")
+VAL_SEED = 20250212
+NUM_VAL_PROBLEMS = 64
+ASSETS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets")
+DEFAULT_OUT = os.path.join(ASSETS, "demo_problems.jsonl")
+DEFAULT_VAL_OUT = os.path.join(ASSETS, "demo_problems_val.jsonl")
 
 NAMES = ["Tom", "Sara", "Ali", "Mia", "Ben", "Lena", "Omar", "Zoe"]
 ITEMS = ["apples", "pencils", "stickers", "marbles", "books", "cookies", "coins", "cards"]
@@ -63,10 +70,11 @@ def _word(rng: random.Random) -> tuple[str, int, float]:
     return text, q, 0.6 + 0.3 * q / 8
 
 
-def make_problems(num: int = NUM_PROBLEMS, seed: int = SEED) -> list[dict]:
-    """Returns ``num`` distinct problems as {"question", "gold_answer", "pass_rate"} dicts."""
+def make_problems(num: int = NUM_PROBLEMS, seed: int = SEED, exclude: frozenset[str] = frozenset()) -> list[dict]:
+    """Returns ``num`` distinct problems as {"question", "gold_answer", "pass_rate"} dicts, none of
+    whose questions is in ``exclude``."""
     rng = random.Random(seed)
-    seen: set[str] = set()
+    seen: set[str] = set(exclude)
     problems = []
     while len(problems) < num:
         question, answer, difficulty = (_plain if rng.random() < 0.5 else _word)(rng)
@@ -79,13 +87,20 @@ def make_problems(num: int = NUM_PROBLEMS, seed: int = SEED) -> list[dict]:
     return problems
 
 
+def make_val_problems() -> list[dict]:
+    """The held-out set: NUM_VAL_PROBLEMS problems under VAL_SEED, disjoint from make_problems()."""
+    return make_problems(NUM_VAL_PROBLEMS, VAL_SEED, exclude=frozenset(p["question"] for p in make_problems()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=DEFAULT_OUT, help="output .jsonl path")
+    parser.add_argument("--out", default=DEFAULT_OUT, help="output .jsonl path of the training set")
+    parser.add_argument("--val_out", default=DEFAULT_VAL_OUT, help="output .jsonl path of the held-out set")
     args = parser.parse_args()
-    with open(args.out, "w", encoding="utf-8") as f:
-        for problem in make_problems():
-            f.write(json.dumps(problem) + "\n")
+    for path, problems in ((args.out, make_problems()), (args.val_out, make_val_problems())):
+        with open(path, "w", encoding="utf-8") as f:
+            for problem in problems:
+                f.write(json.dumps(problem) + "\n")
 
 
 if __name__ == "__main__":

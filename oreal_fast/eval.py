@@ -1,0 +1,140 @@
+"""Command line: ``python -m oreal_fast.eval MODEL [--datasets D] [--config CONFIG] [--k N] [--out FILE]``.
+
+Evaluates one policy on held-out problems exactly as the trainer's validation does
+(``oreal_fast.evaluate``): greedy pass@1 and, with ``--k N``, sampled pass@1 and pass@N from N
+samples per problem, judged by the config's judger. MODEL is any reference ``load_decoder`` reads:
+a local HF folder (a run's ``hf-N`` included), a hub id, a ``.gguf`` file or ``package://``.
+Settings (chat template, stop word, sampling, judgers, seed, device, dtype) come from CONFIG, whose
+``val_datasets`` is the default problem set; without a config they are the ``TrainConfig`` defaults
+(the official sampling settings, the tokenizer's own template) with a rule-only math judger. Any
+config key can be overridden as in ``oreal_fast.train`` (``--gen_max_new 256``);
+``--max_problems`` keeps the first N problems.
+
+Prints a table and writes JSON (``--out``, default ``eval_results.json``): the settings, the
+metrics and every problem's greedy response and verdicts. A bad model reference, config or data
+file prints one line and exits with code 2, before any generation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+import fire
+
+from oreal_fast.config import ConfigError, TrainConfig, config_from_values, load_config
+from oreal_fast.data.prompts import DataError
+
+EXIT_USAGE = 2
+# Share of the free GPU memory the sampler's KV cache may take: no RL phase follows, unlike in training.
+EVAL_KV_CACHE_SHARE = 0.8
+
+
+def settings(model: str, datasets: str | list[str] | None, config: str | None, k: int | None,
+             max_problems: int | None, overrides: dict[str, object]) -> TrainConfig:
+    """The run's settings: CONFIG (or the defaults) with MODEL as actor and the flags applied."""
+    values = dict(overrides, actor=model)
+    if datasets is not None:
+        values["val_datasets"] = datasets
+    if k is not None:
+        values["val_samples_per_problem"] = k
+    if max_problems is not None:
+        values["val_max_problems"] = max_problems
+    if config is not None:
+        cfg = load_config(config, values)
+        if cfg.val_datasets is None:
+            raise ConfigError(f"val_datasets in {config}: None, and no --datasets given: nothing to evaluate")
+        return cfg
+    if datasets is None:
+        raise ConfigError("--datasets: required without --config (one .jsonl path, a dataset id, or a list)")
+    values.setdefault("datasets", datasets)  # a config needs a training set; evaluation never reads it
+    values.setdefault("judgers_config", {"math_judger": {"hosts": [], "rule_only": True,
+                                                         "stop_word": values.get("stop_word", "<|im_end|>")}})
+    return config_from_values(values, "oreal_fast.eval")
+
+
+def evaluate_model(cfg: TrainConfig) -> dict:
+    """Loads ``cfg.actor``, evaluates it on ``cfg.val_datasets``; returns the JSON report."""
+    import torch
+
+    from oreal_fast.config import validate_stop_word
+    from oreal_fast.evaluate import Evaluator
+    from oreal_fast.judge import Router
+    from oreal_fast.model.decoder import max_rope_positions
+    from oreal_fast.model.hf_io import load_decoder, load_tokenizer
+    from oreal_fast.rollout import PlainSampler
+    from oreal_fast.trainer import model_ref_errors, resolve_device, resolve_precision
+
+    device = resolve_device(cfg.device)
+    precision = resolve_precision(cfg, device)
+    compute = precision.compute_dtype
+    with model_ref_errors(cfg, "actor"):
+        tokenizer = load_tokenizer(cfg.actor)
+    if cfg.chat_template is not None:
+        tokenizer.chat_template = cfg.chat_template
+    evaluator = Evaluator.from_config(cfg, tokenizer=tokenizer, stop_token_id=validate_stop_word(cfg, tokenizer),
+                                      device=device)
+    with model_ref_errors(cfg, "actor"):
+        actor = load_decoder(cfg.actor, dtype=compute, device=device, compute_dtype=compute)
+    if cfg.gen_max_length > max_rope_positions(actor.config):
+        raise ConfigError(f"gen_max_length: {cfg.gen_max_length} is above the {max_rope_positions(actor.config)} "
+                          f"positions the rope table of {cfg.actor!r} covers")
+    num_sessions = len(evaluator.records) * max(1, cfg.val_samples_per_problem)
+    rollout = PlainSampler(actor, max_batch_size=_batch_size(actor, cfg, device, compute, num_sessions),
+                           kv_dtype=compute)
+    with Router(cfg.judgers_config, cfg.data_judger_mapping) as router, torch.no_grad(), precision.autocast():
+        result = evaluator.evaluate(rollout, router)
+    return {
+        "model": cfg.actor, "datasets": cfg.val_datasets, "config": cfg.config_path,
+        "samples_per_problem": result.samples_per_problem, "metrics": result.metrics(),
+        "problems": [dataclasses.asdict(p) for p in result.problems],
+    }
+
+
+def _batch_size(actor, cfg: TrainConfig, device, compute, num_sessions: int) -> int:
+    """All sessions at once on CPU; on a GPU as many as EVAL_KV_CACHE_SHARE of the free memory
+    holds at gen_max_length (the plain sampler keeps one contiguous KV row per session)."""
+    import torch
+
+    if device.type != "cuda":
+        return num_sessions
+    free, _ = torch.cuda.mem_get_info(device)
+    per_session = actor.kv_bytes_per_token(compute) * cfg.gen_max_length
+    return max(1, min(num_sessions, int(EVAL_KV_CACHE_SHARE * free) // per_session))
+
+
+def format_table(report: dict) -> str:
+    """The metrics as aligned ``name  value`` lines under a header naming the model."""
+    n = report["samples_per_problem"]
+    names = {"val_num_problems": "problems", "val_greedy_pass1": "greedy pass@1",
+             "val_sampled_pass1": f"sampled pass@1 (n={n})", "val_pass_at_k": f"pass@{n}"}
+    rows = [(names[k], f"{v:.4f}" if isinstance(v, float) else str(v)) for k, v in report["metrics"].items()]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join([f"model {report['model']}"] + [f"  {name:<{width}}  {value}" for name, value in rows])
+
+
+def _run(model: str, datasets: str | list[str] | None = None, config: str | None = None, k: int | None = None,
+         max_problems: int | None = None, out: str = "eval_results.json", **overrides: object) -> None:
+    """Evaluates MODEL; see the module docstring."""
+    try:
+        report = evaluate_model(settings(model, datasets, config, k, max_problems, overrides))
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+    except DataError as e:
+        print(f"data error: {e}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+    print(format_table(report))
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=1, ensure_ascii=False)
+    print(f"wrote {out}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point; ``argv`` defaults to ``sys.argv[1:]``."""
+    fire.Fire(_run, command=sys.argv[1:] if argv is None else argv, name="oreal_fast.eval")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""Held-out evaluation: greedy pass@1 and sampled pass@k of a policy on a set of problems.
+
+Prompts in, judged pass rates out. Responses come from any ``RolloutEngine`` (in a run, the
+trainer's own), and a ``Router`` judges them from the same ``JudgeItem`` fields as training, so
+"correct" means what the reward means. The trainer's validation (``val_*`` config keys) and
+``python -m oreal_fast.eval`` both build :class:`Evaluator` with ``from_config``, which also loads
+the held-out problems. Not here: loading models or config files, writing results.
+
+pass@k is the unbiased estimator of Chen et al. 2021 ("Evaluating Large Language Models Trained
+on Code", eq. 1): with n samples of a problem of which c are correct,
+pass@k = 1 - C(n - c, k) / C(n, k), computed per problem, then averaged over problems.
+
+Invariant: an evaluation draws randomness only from a generator of its own, seeded afresh on each
+call, so it never moves the training sample stream, and evaluating the same weights twice gives
+the same numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from oreal_fast.data.chat import render_prompt_ids
+from oreal_fast.config import TrainConfig
+from oreal_fast.data.prompts import DataError, PromptRecord, load_prompt_records
+from oreal_fast.data.sampler import repeat_k
+from oreal_fast.judge import JudgeItem
+from oreal_fast.rollout import RolloutEngine, SamplingParams
+
+# Added to the run seed for the evaluation generator, so its draws differ from the first draws
+# of the training stream (seeded with the run seed itself) instead of repeating them.
+EVAL_SEED_OFFSET = 1_000_003
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one problem: the chance that k of its n samples, drawn without
+    replacement, hold at least one of the c correct ones (Chen et al. 2021, eq. 1).
+
+    Args:
+        n: samples drawn, >= 1.
+        c: correct samples, 0 <= c <= n.
+        k: 1 <= k <= n.
+    """
+    if not (n >= 1 and 0 <= c <= n and 1 <= k <= n):
+        raise ValueError(f"pass_at_k needs n >= 1, 0 <= c <= n and 1 <= k <= n; got n={n}, c={c}, k={k}")
+    # exact integer binomials; int / int is correctly rounded even when they are huge
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def encode_prompts(tokenizer: Any, chat_template: str | None, records: Sequence[PromptRecord],
+                   max_length: int) -> list[list[int]]:
+    """Prompt token ids of each record, as the trainer renders them (reference 3.3).
+
+    Raises:
+        DataError: a prompt with no room for a response under ``max_length``.
+    """
+    out = []
+    for record in records:
+        ids = render_prompt_ids(tokenizer, chat_template, record.message_data)
+        if len(ids) >= max_length:
+            raise DataError(f"a held-out prompt has {len(ids)} tokens, not less than gen_max_length={max_length}; "
+                            f"raise gen_max_length or drop the prompt: {record.question[:80]!r}")
+        out.append(ids)
+    return out
+
+
+@dataclass(frozen=True)
+class ProblemResult:
+    """One problem's verdicts: the greedy response and how many of n samples were correct."""
+
+    question: str
+    gold_answer: str
+    greedy_response: str
+    greedy_correct: bool
+    num_correct: int  # of samples_per_problem sampled responses; 0 when none were drawn
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Per-problem verdicts of one evaluation; ``samples_per_problem`` = n (0: greedy only)."""
+
+    problems: list[ProblemResult]
+    samples_per_problem: int
+
+    def metrics(self) -> dict[str, float | int]:
+        """``val_num_problems``, ``val_greedy_pass1`` and, when samples were drawn, the mean over
+        problems of sampled pass@1 and of pass@n (n = ``val_samples_per_problem``)."""
+        num, n = len(self.problems), self.samples_per_problem
+        out: dict[str, float | int] = {
+            "val_num_problems": num,
+            "val_greedy_pass1": sum(p.greedy_correct for p in self.problems) / num,
+        }
+        if n:
+            out["val_sampled_pass1"] = sum(pass_at_k(n, p.num_correct, 1) for p in self.problems) / num
+            out["val_pass_at_k"] = sum(pass_at_k(n, p.num_correct, n) for p in self.problems) / num
+        return out
+
+
+class Evaluator:
+    """Held-out problems and how to evaluate on them; ``evaluate`` generates and judges.
+
+    Args:
+        records: the problems; ``prompt_ids`` their token ids (from :func:`encode_prompts`).
+        tokenizer: decodes responses for the judger (special tokens kept, as in training).
+        params: the run's sampling settings; greedy uses them with ``do_sample=False``.
+        samples_per_problem: n sampled responses per problem; 0 = greedy only.
+        seed: the run seed; the evaluation generator starts at ``seed + EVAL_SEED_OFFSET``.
+        device: where the generator lives (the model's device).
+    """
+
+    def __init__(self, records: Sequence[PromptRecord], prompt_ids: list[list[int]], *, tokenizer: Any,
+                 params: SamplingParams, samples_per_problem: int, seed: int, device: torch.device) -> None:
+        if not records or len(records) != len(prompt_ids):
+            raise ValueError(f"Evaluator: {len(records)} records and {len(prompt_ids)} prompts; need the same, >= 1")
+        self.records = list(records)
+        self.prompt_ids = prompt_ids
+        self.tokenizer = tokenizer
+        self.params = params
+        self.samples_per_problem = samples_per_problem
+        self.seed = seed + EVAL_SEED_OFFSET
+        self.device = device
+
+    @classmethod
+    def from_config(cls, cfg: TrainConfig, *, tokenizer: Any, stop_token_id: int,
+                    device: torch.device) -> "Evaluator":
+        """The evaluation a config asks for: ``val_datasets`` (first ``val_max_problems``), the
+        run's chat template and sampling settings, ``val_samples_per_problem`` samples.
+
+        Raises:
+            DataError: unreadable or empty held-out data, or a prompt too long for gen_max_length.
+        """
+        records = load_prompt_records(cfg.val_datasets, max_prompts=cfg.val_max_problems)
+        if not records:
+            raise DataError(f"val_datasets {cfg.val_datasets!r}: no problem to validate on")
+        params = SamplingParams(
+            max_new_tokens=cfg.gen_max_new, max_length=cfg.gen_max_length, top_k=cfg.gen_top_k,
+            top_p=cfg.gen_top_p, temperature=cfg.temperature, do_sample=True, stop_token_ids=(stop_token_id,))
+        prompt_ids = encode_prompts(tokenizer, cfg.chat_template, records, cfg.gen_max_length)
+        return cls(records, prompt_ids, tokenizer=tokenizer, params=params,
+                   samples_per_problem=cfg.val_samples_per_problem, seed=cfg.seed, device=device)
+
+    def evaluate(self, rollout: RolloutEngine, router: Any) -> EvalResult:
+        """One evaluation of the rollout's current weights (call it under no_grad and the run's autocast).
+
+        Args:
+            rollout: generates; called once greedy, then once sampled when ``samples_per_problem`` > 0.
+            router: judges (``judge(items) -> JudgeOutcome``), as in training.
+        """
+        generator = torch.Generator(device=self.device).manual_seed(self.seed)
+        greedy = dataclasses.replace(self.params, do_sample=False)
+        texts, greedy_ok = self._generate_and_judge(rollout, router, self.records, self.prompt_ids, greedy,
+                                                    generator)
+        n = self.samples_per_problem
+        num_correct = [0] * len(self.records)
+        if n:
+            sampled = dataclasses.replace(self.params, do_sample=True)
+            _, ok = self._generate_and_judge(rollout, router, repeat_k(self.records, n),
+                                             repeat_k(self.prompt_ids, n), sampled, generator)
+            num_correct = [sum(ok[i * n:(i + 1) * n]) for i in range(len(self.records))]
+        problems = [ProblemResult(r.question, r.gold_answer, text, correct, c)
+                    for r, text, correct, c in zip(self.records, texts, greedy_ok, num_correct)]
+        return EvalResult(problems, n)
+
+    def _generate_and_judge(self, rollout: RolloutEngine, router: Any, records: list[PromptRecord],
+                            prompt_ids: list[list[int]], params: SamplingParams,
+                            generator: torch.Generator) -> tuple[list[str], list[bool]]:
+        responses = rollout.generate(prompt_ids, params, generator)
+        texts = self.tokenizer.batch_decode(responses, skip_special_tokens=False)
+        items = [JudgeItem(question=r.question, response_text=t, gold_answer=r.gold_answer,
+                           data_source=r.metadata["data_source"]) for r, t in zip(records, texts)]
+        rewards = router.judge(items).rewards
+        return texts, [r > 0 for r in rewards]
+
+
+def validation_due(steps_done: int, interval: int, total_steps: int) -> bool:
+    """Whether the trainer validates after ``steps_done`` steps: every ``interval`` (0 = never
+    periodically) and always after the last step."""
+    return steps_done == total_steps or (interval > 0 and steps_done % interval == 0)
