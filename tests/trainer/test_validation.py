@@ -121,5 +121,5 @@ def test_eval_command_with_a_bad_model_exits_2_in_one_line(tmp_path, prompt_file
         eval_main([missing, "--datasets", prompt_file, "--out", str(tmp_path / "r.json")])
     assert e.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"config error: actor in oreal_fast.eval: model ref {missing!r}: no such GGUF file"]
+        f"config error: actor in oreal_fast.eval (set on the command line): the local path {missing!r} does not exist"]
     assert not (tmp_path / "r.json").exists()
