@@ -123,3 +123,13 @@ def test_eval_command_with_a_bad_model_exits_2_in_one_line(tmp_path, prompt_file
     assert capsys.readouterr().err.strip().splitlines() == [
         f"config error: actor in oreal_fast.eval (set on the command line): the local path {missing!r} does not exist"]
     assert not (tmp_path / "r.json").exists()
+
+
+def test_eval_command_without_a_config_judges_with_a_rule_only_judger(tmp_path, tiny_model_dir, prompt_file):
+    out = tmp_path / "r.json"
+    eval_main([tiny_model_dir, "--datasets", prompt_file, "--gen_max_new", "6", "--gen_max_length", "64",
+               "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert report["config"] == "oreal_fast.eval" and report["samples_per_problem"] == 0
+    assert report["metrics"] == {"val_num_problems": 8, "val_greedy_pass1": 0.0}
+    assert all(len(p["greedy_response"]) > 0 and not p["greedy_correct"] for p in report["problems"])
