@@ -19,6 +19,7 @@ gradients included, optimiser states excluded).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 
 import pytest
@@ -48,8 +49,8 @@ def _ours(length: int, impl: str, loss_kernel: str):
     models = rl_models()
     batch = make_micro_batch(_trajectories(length)).to(torch.device(DEVICE))
     norm = global_normalisers(batch.action_cu_seqlens.diff(), batch.rewards)
-    CFG.loss_impl, CFG.loss_kernel = impl, loss_kernel
-    settings = rl_settings(CFG, Precision(torch.device(DEVICE), torch.bfloat16))
+    cfg = dataclasses.replace(CFG, loss_impl=impl, loss_kernel=loss_kernel)
+    settings = rl_settings(cfg, Precision(torch.device(DEVICE), torch.bfloat16))
 
     def step():
         rl_micro_step(models, batch, norm, settings, update_actor=True)

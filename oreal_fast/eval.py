@@ -24,9 +24,8 @@ import sys
 import fire
 
 from oreal_fast.config import ConfigError, TrainConfig, config_from_values, load_config
-from oreal_fast.data.prompts import DataError
+from oreal_fast.train import usage_errors_exit
 
-EXIT_USAGE = 2
 # Share of the free GPU memory the sampler's KV cache may take: no RL phase follows, unlike in training.
 EVAL_KV_CACHE_SHARE = 0.8
 
@@ -117,14 +116,8 @@ def format_table(report: dict) -> str:
 def _run(model: str, datasets: str | list[str] | None = None, config: str | None = None, k: int | None = None,
          max_problems: int | None = None, out: str = "eval_results.json", **overrides: object) -> None:
     """Evaluates MODEL; see the module docstring."""
-    try:
+    with usage_errors_exit():
         report = evaluate_model(settings(model, datasets, config, k, max_problems, overrides))
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        sys.exit(EXIT_USAGE)
-    except DataError as e:
-        print(f"data error: {e}", file=sys.stderr)
-        sys.exit(EXIT_USAGE)
     print(format_table(report))
     with open(out, "w", encoding="utf-8") as f:
         json.dump(report, f, indent=1, ensure_ascii=False)

@@ -15,6 +15,7 @@ What this module does not do: anything of the run itself, which is ``oreal_fast.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import sys
@@ -28,6 +29,19 @@ from oreal_fast.run_dir import CheckpointWriteError
 
 CONFIG_ERROR_EXIT = 2
 WRITE_ERROR_EXIT = 1
+
+
+@contextlib.contextmanager
+def usage_errors_exit():
+    """A config or data error ends the command with one line on stderr and exit 2 (train and eval)."""
+    try:
+        yield
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        sys.exit(CONFIG_ERROR_EXIT)
+    except DataError as e:
+        print(f"data error: {e}", file=sys.stderr)
+        sys.exit(CONFIG_ERROR_EXIT)
 
 
 def _continue_command(argv: list[str], resume_dir: str | None) -> str:
@@ -58,17 +72,12 @@ def _run(argv: list[str], config: str, **overrides: object) -> None:
     stop = StopSignals()
     with stop.installed():
         try:
-            _check_single_process()
-            cfg = load_config(config, overrides)
-            from oreal_fast.trainer import train  # the step loop pulls in models and kernels: load it only now
+            with usage_errors_exit():
+                _check_single_process()
+                cfg = load_config(config, overrides)
+                from oreal_fast.trainer import train  # the step loop pulls in models and kernels: load it only now
 
-            train(cfg, stop)
-        except ConfigError as e:
-            print(f"config error: {e}", file=sys.stderr)
-            sys.exit(CONFIG_ERROR_EXIT)
-        except DataError as e:
-            print(f"data error: {e}", file=sys.stderr)
-            sys.exit(CONFIG_ERROR_EXIT)
+                train(cfg, stop)
         except CheckpointWriteError as e:
             print(f"checkpoint error: {e}; continue with: {_continue_command(argv, e.resume_dir)}", file=sys.stderr)
             sys.exit(WRITE_ERROR_EXIT)

@@ -30,20 +30,23 @@ def make_tokenizer():
                                    chat_template=CHATML)
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory) -> str:
-    """A random-init Qwen2 (2 layers, H=32, GQA, qkv bias, tied) saved as an HF folder with its tokenizer."""
+def save_random_qwen2(folder, seed: int, **sizes) -> str:
+    """A random-init Qwen2 (2 layers, GQA 4/2, qkv bias, tied, the byte tokenizer's 272 ids) saved as
+    an HF folder with its tokenizer; ``sizes`` override Qwen2Config fields (hidden_size, ...)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    folder = tmp_path_factory.mktemp("tiny_qwen2")
-    torch.manual_seed(1234)
-    config = Qwen2Config(vocab_size=272, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         tie_word_embeddings=True, rope_theta=10000.0)
-    model = Qwen2ForCausalLM(config)
-    model.save_pretrained(folder)
+    torch.manual_seed(seed)
+    fields = dict(vocab_size=272, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True, rope_theta=10000.0)
+    Qwen2ForCausalLM(Qwen2Config(**{**fields, **sizes})).save_pretrained(folder)
     make_tokenizer().save_pretrained(folder)
     return str(folder)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """`save_random_qwen2` at H=32."""
+    return save_random_qwen2(tmp_path_factory.mktemp("tiny_qwen2"), 1234)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import torch
 from oreal_fast.config import load_config
 from oreal_fast.trainer import Trainer
 
-from conftest import make_tokenizer, reproducible
+from conftest import reproducible, save_random_qwen2
 from test_step import write_config
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="the trainer loop on a GPU needs CUDA")
@@ -28,16 +28,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="the train
 @pytest.fixture(scope="module")
 def gpu_model_dir(tmp_path_factory) -> str:
     """A random-init Qwen2 wide enough for the flash kernels (head_dim 32, GQA 4/2, 2 layers)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    folder = tmp_path_factory.mktemp("gpu_qwen2")
-    torch.manual_seed(4321)
-    config = Qwen2Config(vocab_size=272, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         tie_word_embeddings=True, rope_theta=10000.0, initializer_range=0.1)
-    Qwen2ForCausalLM(config).save_pretrained(folder)
-    make_tokenizer().save_pretrained(folder)
-    return str(folder)
+    return save_random_qwen2(tmp_path_factory.mktemp("gpu_qwen2"), 4321, hidden_size=128, intermediate_size=256,
+                             initializer_range=0.1)
 
 
 class CrashingRollout:
