@@ -221,7 +221,8 @@ def _num_splits(T: int, block_t: int, device: torch.device) -> int:
     if device.type != "cuda":
         return 2
     num_sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(_MIN_SPLITS, round(_PROGRAMS_PER_SM * num_sms / triton.cdiv(T, block_t)))
+    row_blocks = max(1, triton.cdiv(T, block_t))  # T = 0: an empty grid, any split count
+    return max(_MIN_SPLITS, round(_PROGRAMS_PER_SM * num_sms / row_blocks))
 
 
 def _check_inputs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,

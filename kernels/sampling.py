@@ -217,7 +217,9 @@ def _inverse_cdf(row_ptr, V, m, c2, t, num_ties, target, PARTIAL: tl.constexpr,
         offs = v0 + tl.arange(0, BLOCK)
         x = tl.load(row_ptr + offs, mask=offs < V, other=-float("inf")).to(tl.float32)
         w, _ = _kept_weight(x, m, c2, t, num_ties, ties, PARTIAL)
-        first = tl.min(tl.where(acc + tl.cumsum(w, 0) > target, offs, V), 0)
+        # A parallel scan rounds each prefix on its own, so the prefix sums need not be monotone:
+        # one can step above target at a dropped token (w = 0). Only kept tokens may be drawn.
+        first = tl.min(tl.where((acc + tl.cumsum(w, 0) > target) & (w > 0.0), offs, V), 0)
         # The chunk's prefix sums can round below its tl.sum: then its last positive index.
         token = tl.where(first < V, first, tl.max(tl.where(w > 0.0, offs, -1), 0))
     return tl.maximum(token, 0)
