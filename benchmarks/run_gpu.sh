@@ -7,6 +7,7 @@
 #              BENCH_K a -k expression, BENCH_NAME the output name); bench2, bench3 more suites
 #              (BENCH2, BENCH2_K, BENCH2_TIMEOUT, ...) -> bench2.json, bench3.json
 #   profile    where one RL phase's time goes -> rl_loop_profile.json
+#   decode_profile  where a decode step's GPU time goes -> decode_profile.json
 #   train      the trainer CLI for 3 steps on a random-init 0.5B-shaped folder -> train_*.jsonl
 #   sweep      the linear_logprob tile sweep -> sweep.json
 # Missing packages come from wheels in .whl/ when present; the Qwen2 tokenizer for `train` from
@@ -46,8 +47,10 @@ for part in "$@"; do
     bench3)
       run_bench "$BENCH3" "${BENCH3_K:-}" bench3 "${BENCH3_TIMEOUT:-300}" ;;
     profile)
-      PYTHONPATH=benchmarks:${PYTHONPATH:-} timeout 180 $PY benchmarks/profile_rl_loop.py --out "$OUT/rl_loop_profile.json" \
-        2>&1 | tee "$OUT/profile.log" ;;
+      PYTHONPATH=benchmarks:${PYTHONPATH:-} timeout ${PROFILE_TIMEOUT:-240} $PY benchmarks/profile_rl_loop.py \
+        --out "$OUT/rl_loop_profile.json" 2>&1 | tee "$OUT/profile.log" ;;
+    decode_profile)
+      timeout 120 $PY benchmarks/profile_decode.py --out "$OUT/decode_profile.json" 2>&1 | tee "$OUT/decode_profile.log" ;;
     train)
       [ -d /tmp/random_qwen ] || $PY benchmarks/make_random_qwen.py /tmp/random_qwen --tokenizer .gpu/qwen_tokenizer
       for budget in ${TRAIN_BUDGETS:-32768 0}; do

@@ -8,7 +8,10 @@ from oreal_fast.kernels.linear_logprob import IGNORE_INDEX, linear_logprob, line
 from oreal_fast.kernels.fused_oreal_loss import fused_oreal_loss, fused_oreal_loss_eager
 from oreal_fast.kernels.paged_attention import paged_decode_attention, paged_decode_attention_eager
 from oreal_fast.kernels.sampling import sample_from_logits, sample_from_logits_eager
+from oreal_fast.kernels.trunk_inference import (apply_rope, apply_rope_eager, rms_norm, rms_norm_eager,
+                                                silu_mul, silu_mul_eager)
 
-__all__ = ["IGNORE_INDEX", "fused_oreal_loss", "fused_oreal_loss_eager", "linear_logprob",
-           "linear_logprob_eager", "paged_decode_attention", "paged_decode_attention_eager",
-           "sample_from_logits", "sample_from_logits_eager"]
+__all__ = ["IGNORE_INDEX", "apply_rope", "apply_rope_eager", "fused_oreal_loss", "fused_oreal_loss_eager",
+           "linear_logprob", "linear_logprob_eager", "paged_decode_attention", "paged_decode_attention_eager",
+           "rms_norm", "rms_norm_eager", "sample_from_logits", "sample_from_logits_eager", "silu_mul",
+           "silu_mul_eager"]

@@ -30,8 +30,8 @@ from typing import Any, Callable, Protocol
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
+from oreal_fast.kernels import trunk_inference as trunk
 from oreal_fast.model.attention import AttentionBackend, make_backend, resolve_backend_name
 
 ROPE_TYPES = ("default", "linear", "llama3")
@@ -87,13 +87,6 @@ class DecoderConfig:
         return self.num_layers * per_layer + H + (embeds if include_embeddings else 0)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm with fp32 statistics, cast back before the weight multiply (as transformers does)."""
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
-
-
 def rope_inv_freq(config: DecoderConfig, device: torch.device) -> torch.Tensor:
     """Inverse rope frequencies [head_dim / 2] fp32, with linear or llama3 scaling applied."""
     D = config.head_dim
@@ -134,15 +127,19 @@ def rope_table(config: DecoderConfig, device: torch.device) -> torch.Tensor:
     return torch.stack((emb.cos(), emb.sin()), dim=1)  # (P, 2, D)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [T, heads, D] by the half-split convention of HF Llama checkpoints.
+@dataclass(frozen=True)
+class TrunkOps:
+    """The elementwise ops of the trunk (math and numerics: `oreal_fast.kernels.trunk_inference`)."""
 
-    cos, sin: [T, 1, D] fp32; cast to x's dtype first (transformers casts its tables to the
-    activation dtype too), so q and k keep the dtype of v.
-    """
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+    rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+    apply_rope: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # x [T, heads, D], cos, sin
+    silu_mul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+# Eager ops, differentiable: training and every model autograd sees.
+EAGER_OPS = TrunkOps(trunk.rms_norm_eager, trunk.apply_rope_eager, trunk.silu_mul_eager)
+# One Triton kernel per op, forward only: the rollout engine's weight copy on CUDA.
+INFERENCE_OPS = TrunkOps(trunk.rms_norm, trunk.apply_rope, trunk.silu_mul)
 
 
 class AttentionCache(Protocol):
@@ -159,10 +156,11 @@ Head = Callable[[torch.Tensor, torch.Tensor], Any]
 
 
 class Attention(nn.Module):
-    def __init__(self, config: DecoderConfig, layer_idx: int, backend: AttentionBackend, **factory) -> None:
+    def __init__(self, config: DecoderConfig, layer_idx: int, backend: AttentionBackend, ops: TrunkOps,
+                 **factory) -> None:
         super().__init__()
         H, D = config.hidden_size, config.head_dim
-        self.layer_idx = layer_idx
+        self.layer_idx, self.ops = layer_idx, ops
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, D
         self.backend = backend
         self.wq = nn.Linear(H, config.num_heads * D, bias=config.qkv_bias, **factory)
@@ -178,7 +176,7 @@ class Attention(nn.Module):
         q = self.wq(x).view(T, self.num_heads, self.head_dim)  # (T, Hq, D)
         k = self.wk(x).view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
         v = self.wv(x).view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = self.ops.apply_rope(q, cos, sin), self.ops.apply_rope(k, cos, sin)
         if cache is None:
             out = self.backend(q, k, v, cu_seqlens, max_seqlen)
         else:
@@ -187,32 +185,34 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config: DecoderConfig, **factory) -> None:
+    def __init__(self, config: DecoderConfig, ops: TrunkOps, **factory) -> None:
         super().__init__()
         H, I = config.hidden_size, config.intermediate_size
+        self.ops = ops
         self.w_gate = nn.Linear(H, I, bias=False, **factory)
         self.w_up = nn.Linear(H, I, bias=False, **factory)
         self.w_down = nn.Linear(I, H, bias=False, **factory)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+        return self.w_down(self.ops.silu_mul(self.w_gate(x), self.w_up(x)))  # SwiGLU
 
 
 class Block(nn.Module):
-    def __init__(self, config: DecoderConfig, layer_idx: int, backend: AttentionBackend, **factory) -> None:
+    def __init__(self, config: DecoderConfig, layer_idx: int, backend: AttentionBackend, ops: TrunkOps,
+                 **factory) -> None:
         super().__init__()
-        self.eps = config.rms_norm_eps
+        self.eps, self.ops = config.rms_norm_eps, ops
         self.attn_norm = nn.Parameter(torch.empty(config.hidden_size, **factory))
-        self.attn = Attention(config, layer_idx, backend, **factory)
+        self.attn = Attention(config, layer_idx, backend, ops, **factory)
         self.mlp_norm = nn.Parameter(torch.empty(config.hidden_size, **factory))
-        self.mlp = MLP(config, **factory)
+        self.mlp = MLP(config, ops, **factory)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor,
         max_seqlen: int, cache: AttentionCache | None,
     ) -> torch.Tensor:
-        x = x + self.attn(rms_norm(x, self.attn_norm, self.eps), cos, sin, cu_seqlens, max_seqlen, cache)
-        return x + self.mlp(rms_norm(x, self.mlp_norm, self.eps))
+        x = x + self.attn(self.ops.rms_norm(x, self.attn_norm, self.eps), cos, sin, cu_seqlens, max_seqlen, cache)
+        return x + self.mlp(self.ops.rms_norm(x, self.mlp_norm, self.eps))
 
 
 class Decoder(nn.Module):
@@ -222,23 +222,25 @@ class Decoder(nn.Module):
     Construct on device="meta" to allocate nothing, then `to_empty(device=...)` and either
     `init_weights()` or load a state dict. Parameter names are those of `hf_io.HF_NAME_MAP`.
     `compute_dtype` is the dtype the matmuls run in (bf16 for fp32 masters under autocast); the
-    attention backend is chosen for it, not for the parameter dtype.
+    attention backend is chosen for it, not for the parameter dtype. `inference_kernels=True` runs
+    RMSNorm, rope and SwiGLU as one Triton kernel each, without autograd (the rollout engine's copy).
     """
 
     def __init__(
         self, config: DecoderConfig, *, attn_backend: str = "auto", with_lm_head: bool = True,
         device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-        compute_dtype: torch.dtype | None = None,
+        compute_dtype: torch.dtype | None = None, inference_kernels: bool = False,
     ) -> None:
         super().__init__()
         self.config = config
+        self.ops = INFERENCE_OPS if inference_kernels else EAGER_OPS
         factory = {"device": device, "dtype": dtype}
         compute_dtype = compute_dtype or dtype or torch.get_default_dtype()
         # "auto" resolves for `device`; a model built on meta and moved later should name its backend
         self.attn_backend = resolve_backend_name(attn_backend, device, compute_dtype)
         backend = make_backend(self.attn_backend)
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size, **factory)
-        self.blocks = nn.ModuleList(Block(config, i, backend, **factory) for i in range(config.num_layers))
+        self.blocks = nn.ModuleList(Block(config, i, backend, self.ops, **factory) for i in range(config.num_layers))
         self.norm = nn.Parameter(torch.empty(config.hidden_size, **factory))
         # an untied head is a separate matrix; a token-RM backbone drops it (with_lm_head=False)
         self.has_lm_head = with_lm_head
@@ -296,7 +298,7 @@ class Decoder(nn.Module):
         cos, sin = cos_sin[:, :1], cos_sin[:, 1:]  # (T, 1, D) each
         for block in self.blocks:
             x = block(x, cos, sin, cu_seqlens, max_seqlen, cache)
-        hidden = rms_norm(x, self.norm, self.config.rms_norm_eps)
+        hidden = self.ops.rms_norm(x, self.norm, self.config.rms_norm_eps)
         return hidden if head is None else head(hidden, self.lm_head_weight)
 
     def rope_table(self) -> torch.Tensor:

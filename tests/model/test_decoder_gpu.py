@@ -11,7 +11,7 @@ Measured on an H200 (torch 2.11): max 0.136 vs 0.127, mean 0.01421 vs 0.01420.
 import pytest
 import torch
 
-from oreal_fast.model import benchmark_forward, decoder_from_hf
+from oreal_fast.model import Decoder, benchmark_forward, decoder_from_hf
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -48,10 +48,17 @@ def setup():
     return hf32.config, state, row, truth, theirs
 
 
-@pytest.mark.parametrize("backend", ["varlen", "sdpa"])
-def test_bf16_packed_16k_matches_transformers_within_its_own_bf16_error(setup, backend, record_property):
+@pytest.mark.parametrize("backend,inference_kernels", [("varlen", False), ("sdpa", False), ("varlen", True)],
+                         ids=["varlen", "sdpa", "varlen-inference_kernels"])
+def test_bf16_packed_16k_matches_transformers_within_its_own_bf16_error(setup, backend, inference_kernels,
+                                                                        record_property):
     config, state, row, truth, theirs = setup
     ours = decoder_from_hf(config, state, dtype=torch.bfloat16, device="cuda", attn_backend=backend).eval()
+    if inference_kernels:  # the rollout engine's copy: Triton RMSNorm, rope and SwiGLU
+        fused = Decoder(ours.config, attn_backend=backend, device="cuda", dtype=torch.bfloat16,
+                        inference_kernels=True).eval()
+        fused.load_state_dict(ours.state_dict())
+        ours = fused
     with torch.no_grad():
         hidden = ours(*row).float()
     err_ours, err_theirs = (hidden - truth).abs(), (theirs - truth).abs()

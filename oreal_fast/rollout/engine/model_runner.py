@@ -105,7 +105,9 @@ class ModelRunner:
         self.static_shapes = device.type == "cuda"
         self.attn_impl = "triton" if device.type == "cuda" else "eager"
         c = actor.config
-        self.model = Decoder(c, attn_backend="auto", device=device, dtype=dtype).requires_grad_(False).eval()
+        # on CUDA the copy runs RMSNorm, rope and SwiGLU as one Triton kernel each (forward only)
+        self.model = Decoder(c, attn_backend="auto", device=device, dtype=dtype,
+                             inference_kernels=device.type == "cuda").requires_grad_(False).eval()
         self.prefill_backend = make_backend(self.model.attn_backend)
         self.sync_weights(actor)
         R, M = max_num_seqs, self.max_blocks_per_seq

@@ -1,0 +1,118 @@
+"""rms_norm, apply_rope, silu_mul: the Triton kernels against their eager twins on fresh random
+inputs, and a whole decoder forward with `inference_kernels=True` against the eager one.
+
+CPU: fp32 under TRITON_INTERPRET=1, small shapes. GPU: bf16 at the Qwen2.5-0.5B decode shapes.
+Tolerances: rope rounds exactly where the eager ops round, so it must equal the twin bit for bit.
+RMSNorm's fp32 sum and silu's exp and division round differently from torch's by a few fp32 units
+in the last place (ulp): in fp32 the results may differ by that (bound: 16 ulp); in bf16 an
+intermediate rounded one ulp apart (silu's output, the normalised row before the weight) and the
+final rounding make at most two bf16 ulps.
+"""
+
+import pytest
+import torch
+
+from oreal_fast.kernels import (apply_rope, apply_rope_eager, rms_norm, rms_norm_eager, silu_mul,
+                                silu_mul_eager)
+from oreal_fast.model.decoder import Decoder, DecoderConfig, rope_table
+
+
+def _dtype(device):
+    return torch.float32 if device == "cpu" else torch.bfloat16
+
+
+def _ulps(got, ref):
+    """Largest difference in units of the dtype's last place at the reference's magnitude."""
+    eps = torch.finfo(ref.dtype).eps
+    scale = ref.double().abs().clamp_min(torch.finfo(ref.dtype).tiny)
+    return float(((got.double() - ref.double()).abs() / (scale * eps)).max())
+
+
+def _max_ulps(dtype):
+    return 16.0 if dtype == torch.float32 else 2.0
+
+
+@pytest.mark.parametrize("T,H", [(1, 64), (7, 96), (256, 896)])
+def test_rms_norm_matches_eager(device, T, H):
+    g = torch.Generator().manual_seed(T * H)
+    dtype = _dtype(device)
+    x = (torch.randn(T, H, generator=g) * 3).to(device, dtype)
+    w = (1 + 0.1 * torch.randn(H, generator=g)).to(device, dtype)
+    got, ref = rms_norm(x, w, 1e-6), rms_norm_eager(x, w, 1e-6)
+    assert got.dtype == dtype and got.shape == (T, H)
+    assert _ulps(got, ref) <= _max_ulps(dtype)
+
+
+def test_rms_norm_of_a_strided_view(device):
+    """The decoder passes rows of a wider buffer in prefill: only the last dim must be contiguous."""
+    dtype = _dtype(device)
+    base = torch.randn(5, 200, device=device).to(dtype)
+    x, w = base[:, :128], torch.ones(128, device=device, dtype=dtype)
+    assert _ulps(rms_norm(x, w, 1e-5), rms_norm_eager(x, w, 1e-5)) <= _max_ulps(dtype)
+
+
+@pytest.mark.parametrize("T,heads,D", [(1, 2, 8), (9, 14, 64), (33, 3, 20)])
+def test_rope_matches_eager_bit_for_bit(device, T, heads, D):
+    cfg = DecoderConfig(family="qwen2", vocab_size=10, hidden_size=heads * D, intermediate_size=8, num_layers=1,
+                        num_heads=heads, num_kv_heads=1, head_dim=D, rope_theta=1e6)
+    g = torch.Generator().manual_seed(T + heads + D)
+    positions = torch.randint(0, 20000, (T,), generator=g).to(device)
+    cos_sin = rope_table(cfg, torch.device(device))[positions]
+    cos, sin = cos_sin[:, :1], cos_sin[:, 1:]  # strided views, as the decoder passes them
+    x = torch.randn(T, heads, D, generator=g).to(device, _dtype(device))
+    got, ref = apply_rope(x, cos, sin), apply_rope_eager(x, cos, sin)
+    assert got.dtype == x.dtype
+    assert torch.equal(got, ref)
+
+
+@pytest.mark.parametrize("shape", [(1, 5), (7, 300), (256, 4864)])
+def test_silu_mul_matches_eager(device, shape):
+    g = torch.Generator().manual_seed(shape[1])
+    dtype = _dtype(device)
+    gate = (torch.randn(shape, generator=g) * 4).to(device, dtype)
+    up = torch.randn(shape, generator=g).to(device, dtype)
+    assert _ulps(silu_mul(gate, up), silu_mul_eager(gate, up)) <= _max_ulps(dtype)
+
+
+def test_empty_inputs(device):
+    dtype = _dtype(device)
+    assert rms_norm(torch.empty(0, 8, device=device, dtype=dtype), torch.ones(8, device=device, dtype=dtype),
+                    1e-6).shape == (0, 8)
+    assert silu_mul(torch.empty(0, 3, device=device, dtype=dtype), torch.empty(0, 3, device=device, dtype=dtype)
+                    ).shape == (0, 3)
+    cs = torch.empty(0, 1, 8, device=device)
+    assert apply_rope(torch.empty(0, 2, 8, device=device, dtype=dtype), cs, cs).shape == (0, 2, 8)
+
+
+def test_bad_inputs_raise():
+    with pytest.raises(ValueError, match="impl must be one of"):
+        rms_norm(torch.ones(2, 4), torch.ones(4), 1e-6, impl="cuda")
+    with pytest.raises(ValueError, match=r"weight \[H\]"):
+        rms_norm(torch.ones(2, 4), torch.ones(3), 1e-6)
+    with pytest.raises(ValueError, match="even head dim"):
+        apply_rope(torch.ones(2, 1, 5), torch.ones(2, 1, 5), torch.ones(2, 1, 5))
+    with pytest.raises(ValueError, match="one shape"):
+        silu_mul(torch.ones(2, 4), torch.ones(2, 3))
+
+
+def test_decoder_with_inference_kernels_matches_eager_decoder(device):
+    """A 2-layer Qwen2-style decoder (biases, GQA, tied head) on a packed row of three sequences:
+    the kernels' forward against the eager one, final hidden states."""
+    dtype = _dtype(device)
+    cfg = DecoderConfig(family="qwen2", vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=2,
+                        num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=1e4, qkv_bias=True,
+                        tie_embeddings=True, init_std=0.2)
+    torch.manual_seed(0)
+    eager = Decoder(cfg, device=device, dtype=dtype, attn_backend="sdpa")
+    eager.init_weights()
+    fused = Decoder(cfg, device=device, dtype=dtype, attn_backend="sdpa", inference_kernels=True)
+    fused.load_state_dict(eager.state_dict())
+    lens = [5, 11, 1]
+    ids = torch.randint(0, cfg.vocab_size, (sum(lens),), device=device)
+    pos = torch.cat([torch.arange(n) for n in lens]).to(device)
+    cu = torch.tensor([0] + lens).cumsum(0).to(device, torch.int32)
+    with torch.no_grad():
+        ref, got = eager(ids, pos, cu, max(lens)).float(), fused(ids, pos, cu, max(lens)).float()
+    # fp32: round-off only; bf16: a few ulps through two layers of 1-ulp norm differences
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    assert (got - ref).abs().max() <= tol * ref.abs().max()
