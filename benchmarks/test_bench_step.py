@@ -15,8 +15,8 @@ Providers:
                   2 sequences per micro-batch (cap 1024 only: it is too slow beyond)
 Cases: cap in {1024, 4096} new tokens. One round: a step is long and its first run includes
 compiling the kernels and capturing the CUDA graphs, which every real run pays once.
-extra_info: gen_time, judge_time, rl_time, step_time, gen_tokens_per_s, rl_tokens_per_s and the
-peak memory of the step, of generation and of the RL phase (GiB).
+extra_info: gen_time, judge_time, rl_time, step_time, gen_tokens_per_s, rl_tokens_per_s, the
+peak memory of the step, of generation and of the RL phase (GiB), and the engine's `rollout_*` stats.
 """
 
 from __future__ import annotations
@@ -112,6 +112,7 @@ def test_official_step(benchmark, tmp_path, model_dir, provider, cap_id):
         num_kept=metrics["num_kept"], avg_new_tokens=metrics["avg_new_tokens"],
         peak_gib=metrics["max_memory"], peak_gen_gib=metrics["max_memory_gen"],
         peak_rl_gib=metrics["max_memory_rl"],
+        **{k: v for k, v in metrics.items() if k.startswith("rollout_")},  # live batch, preemptions, prefix hits
     )
     assert metrics["num_kept"] == 2 * cfg.gen_global_batch // cfg.prompt_repeat_k
     assert metrics["avg_new_tokens"] == cap
