@@ -16,7 +16,8 @@ intermediate rounded to the activation dtype where transformers rounds it):
     silu_mul(g, u)          = silu(g) * u
 
 The kernels load in fp32, round where the eager ops round, and store in the input dtype, so they
-equal the twins up to the fp32 rounding of the RMSNorm sum and of exp (rope: bit for bit).
+equal the twins up to the fp32 rounding of the RMSNorm sum and of exp, and (rope, on the GPU) a
+product and sum the compiler contracts into one fused multiply-add: one bf16 ulp here and there.
 
 Budget: one read of each input and one write of the output; no workspace; no host sync, so a CUDA
 graph captures them. RMSNorm: one program per row (H <= 16384 in one block). Rope: one program per

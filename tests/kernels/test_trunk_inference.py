@@ -2,8 +2,10 @@
 inputs, and a whole decoder forward with `inference_kernels=True` against the eager one.
 
 CPU: fp32 under TRITON_INTERPRET=1, small shapes. GPU: bf16 at the Qwen2.5-0.5B decode shapes.
-Tolerances: rope rounds exactly where the eager ops round, so it must equal the twin bit for bit.
-RMSNorm's fp32 sum and silu's exp and division round differently from torch's by a few fp32 units
+Tolerances: rope rounds where the eager ops round, but the GPU compiler may contract a product
+and the sum into one fused multiply-add (measured on an H200: 1-ulp differences in bf16), so each
+output may differ from the twin by 2 eps (|x_i| + |x_partner|) (the sum of its two terms' sizes,
+not its own: the terms can cancel); a wrong rotation, sign or position errs by order |x|. RMSNorm's fp32 sum and silu's exp and division round differently from torch's by a few fp32 units
 in the last place (ulp): in fp32 the results may differ by that (bound: 16 ulp); in bf16 an
 intermediate rounded one ulp apart (silu's output, the normalised row before the weight) and the
 final rounding make at most two bf16 ulps.
@@ -52,7 +54,7 @@ def test_rms_norm_of_a_strided_view(device):
 
 
 @pytest.mark.parametrize("T,heads,D", [(1, 2, 8), (9, 14, 64), (33, 3, 20)])
-def test_rope_matches_eager_bit_for_bit(device, T, heads, D):
+def test_rope_matches_eager(device, T, heads, D):
     cfg = DecoderConfig(family="qwen2", vocab_size=10, hidden_size=heads * D, intermediate_size=8, num_layers=1,
                         num_heads=heads, num_kv_heads=1, head_dim=D, rope_theta=1e6)
     g = torch.Generator().manual_seed(T + heads + D)
@@ -62,7 +64,12 @@ def test_rope_matches_eager_bit_for_bit(device, T, heads, D):
     x = torch.randn(T, heads, D, generator=g).to(device, _dtype(device))
     got, ref = apply_rope(x, cos, sin), apply_rope_eager(x, cos, sin)
     assert got.dtype == x.dtype
-    assert torch.equal(got, ref)
+    x1, x2 = x.float().chunk(2, dim=-1)
+    terms = x1.abs() + x2.abs()
+    bound = 2 * torch.finfo(x.dtype).eps * torch.cat((terms, terms), dim=-1)
+    assert ((got.float() - ref.float()).abs() <= bound).all()
+    if device == "cpu":  # the interpreter does not contract: fp32 results equal bit for bit
+        assert torch.equal(got, ref)
 
 
 @pytest.mark.parametrize("shape", [(1, 5), (7, 300), (256, 4864)])
