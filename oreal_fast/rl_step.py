@@ -39,7 +39,8 @@ from oreal_fast.algo import (
 )
 from oreal_fast.kernels import fused_oreal_loss, linear_logprob
 from oreal_fast.model.decoder import Decoder, TokenRewardModel
-from oreal_fast.trajectories import RLMicroBatch, Trajectory, make_micro_batches
+from oreal_fast.parallel import DataParallel, full_tensor, sum_over_ranks
+from oreal_fast.trajectories import RLMicroBatch, Trajectory, make_micro_batches, plan_micro_batches
 
 LOSS_KERNELS = ("linear_logprob", "fused_oreal_loss")
 
@@ -143,9 +144,10 @@ def action_logprobs(model: Decoder, batch: RLMicroBatch, settings: RLSettings) -
 
 
 def token_rm_step(
-    token_rm: TokenRewardModel, batch: RLMicroBatch, norm: Normalisers, settings: RLSettings
+    token_rm: TokenRewardModel, batch: RLMicroBatch, norm: Normalisers, settings: RLSettings, scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """RM forward, BCE loss share (backward done here) and the detached token weights (4.10).
+    """RM forward, BCE loss share (backward done here, of ``scale`` x the loss) and the detached
+    token weights (4.10).
 
     Returns:
         (rm_loss 0-d detached, w_pos [A] fp32, w_neg [A] fp32).
@@ -154,7 +156,7 @@ def token_rm_step(
     with settings.precision.autocast():
         scores = token_rm(row.input_ids, row.positions, row.cu_seqlens, row.max_seqlen)  # (T,)
     scores = at_least_fp32(scores).index_select(0, batch.action_index)  # (A,)
-    rm_loss = rm_bce_loss(sequence_means(scores, batch.action_cu_seqlens), batch.rewards, norm.num_seqs)
+    rm_loss = scale * rm_bce_loss(sequence_means(scores, batch.action_cu_seqlens), batch.rewards, norm.num_seqs)
     rm_loss.backward()
     w_pos, w_neg = settings.token_weights.weights(cumulative_means(scores.detach(), batch.action_cu_seqlens),
                                                   batch.action_cu_seqlens)
@@ -179,22 +181,29 @@ def actor_loss(
 
 
 def rl_micro_step(
-    models: RLModels, batch: RLMicroBatch, norm: Normalisers, settings: RLSettings, *, update_actor: bool
+    models: RLModels, batch: RLMicroBatch, norm: Normalisers, settings: RLSettings, *, update_actor: bool,
+    pad: bool = False,
 ) -> MicroStepSums:
     """One micro-batch of the RL phase; accumulates gradients into the actor (if ``update_actor``)
-    and the token RM, and returns the micro-batch's metric sums."""
+    and the token RM, and returns the micro-batch's metric sums.
+
+    ``pad``: a data-parallel padding micro-batch. It runs every forward and backward, so the ranks'
+    FSDP collectives stay in step, with its losses multiplied by 0: it adds exactly zero to every
+    gradient and to every returned sum.
+    """
+    scale = 0.0 if pad else 1.0
     with torch.no_grad():
         ref_lp = action_logprobs(models.reference, batch, settings)
     if models.token_rm is not None:
-        rm_loss, w_pos, w_neg = token_rm_step(models.token_rm, batch, norm, settings)
+        rm_loss, w_pos, w_neg = token_rm_step(models.token_rm, batch, norm, settings, scale)
     else:
         rm_loss, w_pos, w_neg = ref_lp.new_zeros(()), None, None
     with torch.set_grad_enabled(update_actor):
         terms, lp = actor_loss(models.actor, batch, ref_lp, w_pos, w_neg, norm, settings)
     if update_actor:
-        terms.loss.backward()
+        (scale * terms.loss).backward()
     metrics = actor_metric_sums(lp, ref_lp, batch.advantages)
-    return MicroStepSums(
+    sums = MicroStepSums(
         terms.positive_loss,
         terms.negative_loss,
         terms.kl_penalty_loss,
@@ -204,39 +213,55 @@ def rl_micro_step(
         metrics.ref_kl_sum,
         metrics.num_tokens,
     )
+    return MicroStepSums(*(torch.zeros_like(v) for v in sums)) if pad else sums
 
 
 def rl_phase(
     models: RLModels, kept: list[Trajectory], settings: RLSettings, *, micro_batch_size: int,
-    token_budget: int, update_actor: bool,
+    token_budget: int, update_actor: bool, dp: DataParallel = DataParallel(),
 ) -> MicroStepSums:
-    """Global normalisers, then every micro-batch in kept order with gradient accumulation (4.7-4.11).
+    """Global normalisers, then every micro-batch of this rank's share in kept order with gradient
+    accumulation (4.7-4.11).
+
+    With data parallelism every rank holds the whole kept list: the normalisers count all of it,
+    the rank trains its contiguous share (``DataParallel.share``, no trajectory twice: Q3), and a
+    rank with fewer micro-batches than the busiest one runs zero-weight padding micro-batches
+    (``rl_micro_step(pad=True)``) so that every rank makes the same FSDP collectives. The counts
+    come from host lengths every rank knows, so this needs no collective of its own.
 
     Args:
-        kept: the step's kept trajectories (at least one).
+        kept: the step's kept trajectories (at least one), the same list on every rank.
         micro_batch_size, token_budget: the split (``trajectories.plan_micro_batches``).
 
     Returns:
-        The step's sums over all micro-batches (0-d device tensors; no host sync here).
+        The step's sums over all micro-batches of all ranks (0-d device tensors).
     """
     device = settings.precision.device
     lens = torch.tensor([t.num_actions for t in kept]).to(device, non_blocking=True)
     rewards = torch.tensor([t.reward for t in kept]).to(device, non_blocking=True)
     norm = global_normalisers(lens, rewards)
+    num_micro = [len(plan_micro_batches([t.num_tokens for t in share], micro_batch_size, token_budget))
+                 for share in (DataParallel(r, dp.world_size).share(kept) for r in range(dp.world_size))]
+    micro_batches = make_micro_batches(dp.share(kept), micro_batch_size, token_budget, device)
+    num_pad = max(num_micro) - len(micro_batches)
+    pads = make_micro_batches(kept[:1], 1, 0, device) * num_pad
     total = None
-    for micro in make_micro_batches(kept, micro_batch_size, token_budget, device):
-        sums = rl_micro_step(models, micro, norm, settings, update_actor=update_actor)
+    for micro, pad in [(m, False) for m in micro_batches] + [(m, True) for m in pads]:
+        sums = rl_micro_step(models, micro, norm, settings, update_actor=update_actor, pad=pad)
         total = sums if total is None else MicroStepSums(*(a + b for a, b in zip(total, sums)))
-    return total
+    return MicroStepSums(*sum_over_ranks(dp, list(total)))
 
 
 def clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
     """Global L2 clip with coefficient min(1, max_norm / (norm + 1e-6)), AdamW step, zero grads (4.12).
 
+    With FSDP2 the parameters are DTensor shards: the norm is over the whole model, as the clip
+    coefficient needs, and comes back as a plain tensor.
+
     Returns:
         The pre-clip gradient norm, 0-d on the device (read it once per step, with the metrics).
     """
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    norm = full_tensor(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return norm

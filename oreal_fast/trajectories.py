@@ -124,7 +124,10 @@ def plan_micro_batches(num_tokens: list[int], micro_batch_size: int, token_budge
 def make_micro_batches(
     trajectories: list[Trajectory], micro_batch_size: int, token_budget: int, device: torch.device
 ) -> list[RLMicroBatch]:
-    """The step's micro-batches on ``device`` (see ``plan_micro_batches``), moved in two copies in all."""
+    """The step's micro-batches on ``device`` (see ``plan_micro_batches``), moved in two copies in all;
+    none for no trajectories (a data-parallel rank whose share is empty)."""
+    if not trajectories:
+        return []
     groups = plan_micro_batches([t.num_tokens for t in trajectories], micro_batch_size, token_budget)
     return _move_all([make_micro_batch([trajectories[i] for i in g]) for g in groups], device)
 

@@ -1,0 +1,151 @@
+"""Data parallelism for 1..N processes under ``torchrun``: the process group, FSDP2 applied from
+outside the plain models (``parallelize``), and the step's few collectives as named functions.
+
+One code path: a process started without ``torchrun`` is rank 0 of a world of 1 and every
+collective here returns its input. ``parallelize`` follows torchtitan's order (selective recompute
+is already applied by ``oreal_fast.recompute``, then ``fully_shard`` per block, then the root).
+What this module does not do: decide what is gathered or split (the trainer and ``rl_step`` do),
+or any tensor, sequence or pipeline parallelism.
+
+Invariant: every loss a rank backpropagates is already divided by the step's *global* counts
+(reference 4.7), so gradients are SUMmed over ranks, never averaged: FSDP2's own division by the
+world size is switched off on every sharded module.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    """This process's place in the data-parallel world (rank 0 of 1 without ``torchrun``)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 writes the run folder, its logs and checkpoints."""
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    def share(self, items: list[T]) -> list[T]:
+        """This rank's contiguous chunk of ``items``: chunk sizes differ by at most one, each item
+        lands on exactly one rank (our fix of quirk Q3: nothing trained twice, nothing dropped)."""
+        base, extra = divmod(len(items), self.world_size)
+        start = self.rank * base + min(self.rank, extra)
+        return items[start:start + base + (self.rank < extra)]
+
+
+def init_data_parallel() -> DataParallel:
+    """Joins the ``torchrun`` process group (NCCL on CUDA, gloo on CPU) and picks the rank's GPU
+    (``LOCAL_RANK``); without ``torchrun`` (no ``RANK`` in the environment) returns rank 0 of 1."""
+    if "RANK" not in os.environ:
+        return DataParallel()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return DataParallel(dist.get_rank(), dist.get_world_size(), local_rank)
+
+
+def close_data_parallel() -> None:
+    """Leaves the process group (a no-op without one)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def parallelize(model: torch.nn.Module, blocks: torch.nn.ModuleList, device: torch.device) -> torch.nn.Module:
+    """FSDP2 over the whole world: ``fully_shard`` on each of ``blocks``, then on ``model`` (its
+    embedding, final norm and head gather as one unit with the root).
+
+    On CUDA the policy gathers parameters in bf16 and reduces gradients in fp32; on CPU both stay
+    fp32. Gradients are SUMmed (see the module invariant). A frozen model (no parameter requires
+    grad) is sharded the same way: only its forwards gather.
+
+    Args:
+        model: a plain ``Decoder`` or ``TokenRewardModel``, on ``device``, recompute already applied.
+        blocks: its decoder blocks (``model.blocks``, or ``model.backbone.blocks`` for the token RM).
+
+    Returns:
+        ``model``, now an ``FSDPModule`` with DTensor parameters.
+    """
+    if device.type == "cuda":
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    else:
+        policy = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
+    for block in blocks:
+        fully_shard(block, mp_policy=policy)
+        _sum_gradients(block)
+    fully_shard(model, mp_policy=policy)
+    _sum_gradients(model)
+    return model
+
+
+def _sum_gradients(module: Any) -> None:
+    """Reduce-scatter as a plain SUM: divide factor 1 (the loss holds the global normalisers) and
+    sum-only collectives (gloo has no PreMulSum; NCCL's zero-copy paths want SUM too). Both calls
+    set one FSDP module's own groups only, hence once per sharded module."""
+    module.set_gradient_divide_factor(1.0)
+    module.set_force_sum_reduction_for_comms(True)
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a sharded DTensor (a collective: every rank calls it), or ``t`` itself."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def gather_lists(dp: DataParallel, items: list[T]) -> list[T]:
+    """Every rank's list, concatenated in rank order (picklable items; reference 4.5's all-gather)."""
+    if not dp.enabled:
+        return items
+    out: list[list[T] | None] = [None] * dp.world_size
+    dist.all_gather_object(out, items)
+    return [x for part in out for x in part]
+
+
+def sum_over_ranks(dp: DataParallel, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The element-wise SUM over ranks of same-shaped tensors (one collective for all of them)."""
+    if not dp.enabled:
+        return tensors
+    flat = torch.stack([t.reshape(()).to(torch.float64) for t in tensors])  # (n,) fp64: counts stay exact
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    return [x.to(t.dtype) for x, t in zip(flat.unbind(), tensors)]
+
+
+def max_over_ranks(dp: DataParallel, value: int) -> int:
+    """The largest ``value`` over ranks (a host int; one small collective)."""
+    if not dp.enabled:
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=_collective_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def broadcast_from_main(dp: DataParallel, value: T) -> T:
+    """Rank 0's ``value`` on every rank (picklable; e.g. the run folder's name)."""
+    if not dp.enabled:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _collective_device() -> torch.device:
+    """NCCL moves CUDA tensors only; gloo CPU tensors."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")

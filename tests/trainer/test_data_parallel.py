@@ -1,0 +1,148 @@
+"""Data parallel on CPU: 2 gloo processes with FSDP2 give the 1-process RL phase (global sums,
+gradients, updated weights after clip + AdamW) on the same kept list, including kept counts that
+do not divide by 2 (quirk Q3: no trajectory trained twice) and a rank with nothing to train."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from oreal_fast.config import load_config
+from oreal_fast.model.hf_io import load_decoder, load_token_rm
+from oreal_fast.parallel import DataParallel, close_data_parallel, full_tensor, init_data_parallel, parallelize
+from oreal_fast.rl_step import Precision, RLModels, clip_and_step, rl_phase
+from oreal_fast.trainer import rl_settings
+from oreal_fast.trajectories import Trajectory, plan_micro_batches
+
+from test_step import write_config
+
+# fp32 on both sides; only the order of the sums differs (ranks' partial sums, shard-wise norms)
+RTOL = 2e-5
+LR = 1e-2
+# AdamW's first step moves a weight by lr * g / (|g| + eps), whose slope in g reaches lr / eps where
+# g ~ 0 (the key biases' true gradient is 0, so theirs is rounding noise): an eps of 1e-4 bounds
+# that amplification to 100, and the updated weights then agree to 1e-3 lr
+ADAM_EPS = 1e-4
+WEIGHT_ATOL = 1e-3 * LR
+# 5 kept: shares of 3 and 2 (2 and 1 micro-batches: rank 1 pads one); 1 kept: rank 1 only pads;
+# 6 kept with a token budget: rank 1 packs 3 micro-batches, rank 0 two (rank 0 pads)
+CASES = [(5, 0), (1, 0), (6, 50)]
+
+
+def _kept(num: int) -> list[Trajectory]:
+    gen = torch.Generator().manual_seed(11 + num)
+    out = []
+    for i in range(num):
+        n_prompt, n_resp = (int(x) for x in torch.randint(3, 30, (2,), generator=gen))
+        out.append(Trajectory(torch.randint(0, 259, (n_prompt,), generator=gen).tolist(),
+                              torch.randint(0, 259, (n_resp,), generator=gen).tolist(),
+                              reward=1.0 if i % 2 == 0 else -1.0, advantage=0.6 if i % 2 == 0 else -0.6))
+    return out
+
+
+def _one_step(cfg_path: str, actor_dir: str, ref_dir: str, num_kept: int, budget: int, dp: DataParallel) -> dict:
+    """Sums, pre-clip grads, grad norms and updated weights of one RL phase + optimiser step."""
+    cfg = load_config(cfg_path)
+    dev = torch.device("cpu")
+    models = RLModels(load_decoder(actor_dir, dtype=torch.float32, device=dev),
+                      load_decoder(ref_dir, dtype=torch.float32, device=dev),
+                      load_token_rm(ref_dir, dtype=torch.float32, device=dev))
+    with torch.no_grad():  # a non-zero RM head, so the token weights are not all equal
+        models.token_rm.score_head.weight.copy_(torch.randn(1, 32, generator=torch.Generator().manual_seed(0)))
+    if dp.enabled:
+        parallelize(models.actor, models.actor.blocks, dev)
+        parallelize(models.reference, models.reference.blocks, dev)
+        parallelize(models.token_rm, models.token_rm.backbone.blocks, dev)
+    sums = rl_phase(models, _kept(num_kept), rl_settings(cfg, Precision(dev, torch.float32)),
+                    micro_batch_size=2, token_budget=budget, update_actor=True, dp=dp)
+    trained = {"actor": models.actor, "rm": models.token_rm}
+    out = {"sums": {k: float(v) for k, v in sums._asdict().items()}}
+    out["grads"] = {f"{m}.{n}": full_tensor(p.grad).clone() for m, model in trained.items()
+                    for n, p in model.named_parameters()}
+    for m, model in trained.items():
+        opt = torch.optim.AdamW(model.parameters(), lr=LR, eps=ADAM_EPS, weight_decay=0.1)
+        out[f"{m}_norm"] = float(clip_and_step(model, opt, 0.05))  # small enough that it clips
+    out["weights"] = {f"{m}.{n}": full_tensor(p.detach()).clone() for m, model in trained.items()
+                      for n, p in model.named_parameters()}
+    return out
+
+
+def _worker(rank: int, port: int, args: tuple, out_path: str) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    dp = init_data_parallel()
+    try:
+        results = [_one_step(*args, num_kept, budget, dp) for num_kept, budget in CASES]
+        if dp.is_main:
+            torch.save(results, out_path)
+    finally:
+        close_data_parallel()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_share_covers_each_item_once():
+    items = list(range(7))
+    shares = [DataParallel(r, 3).share(items) for r in range(3)]
+    assert shares == [[0, 1, 2], [3, 4], [5, 6]]
+    assert [DataParallel(r, 2).share([9]) for r in range(2)] == [[9], []]
+
+
+def test_cases_pad_a_rank():
+    """Each case leaves one rank with fewer micro-batches than the other, so padding runs."""
+    for num_kept, budget in CASES:
+        shares = [DataParallel(r, 2).share(_kept(num_kept)) for r in range(2)]
+        counts = [len(plan_micro_batches([t.num_tokens for t in s], 2, budget)) for s in shares]
+        assert counts[0] != counts[1], (num_kept, budget, counts)
+
+
+@pytest.fixture(scope="module")
+def two_rank_results(tmp_path_factory, tiny_model_dir):
+    """The CASES run once by 2 gloo processes (one spawn for all cases: start-up dominates)."""
+    from transformers import AutoModelForCausalLM
+
+    from conftest import make_tokenizer
+
+    tmp = tmp_path_factory.mktemp("dp")
+    actor_dir = tmp / "actor"  # actor != reference, so the KL terms are not 0
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(7)))
+    model.save_pretrained(actor_dir)
+    make_tokenizer().save_pretrained(actor_dir)
+    prompts = tmp / "p.jsonl"
+    prompts.write_text('{"question": "1+1?", "gold_answer": "2", "pass_rate": 0.25}\n')
+    args = (write_config(tmp, str(actor_dir), tiny_model_dir, str(prompts)), str(actor_dir), tiny_model_dir)
+    out_path = str(tmp / "rank0.pt")
+    mp.spawn(_worker, args=(_free_port(), args, out_path), nprocs=2, join=True)
+    return args, torch.load(out_path)
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[f"kept{n}-budget{b}" for n, b in CASES])
+def test_two_ranks_equal_one_process(two_rank_results, case):
+    args, results = two_rank_results
+    num_kept, budget = CASES[case]
+    single = _one_step(*args, num_kept, budget, DataParallel())
+    double = results[case]
+    assert single["sums"]["positive_loss"] != 0 and single["sums"]["kl_penalty_loss"] != 0
+    assert single["sums"]["num_action_tokens"] == sum(t.num_actions for t in _kept(num_kept))
+    for key, value in single["sums"].items():
+        assert double["sums"][key] == pytest.approx(value, rel=RTOL, abs=1e-7), key
+    for key in ("actor_norm", "rm_norm"):
+        assert single[key] > 0.05  # the clip is active
+        assert double[key] == pytest.approx(single[key], rel=RTOL), key
+    for kind, atol in (("grads", 1e-8), ("weights", WEIGHT_ATOL)):
+        assert single[kind].keys() == double[kind].keys()
+        for name, ref in single[kind].items():
+            err = (double[kind][name] - ref).abs().max()
+            assert err <= RTOL * ref.abs().max() + atol, f"{kind} {name}: {err}"
