@@ -104,9 +104,12 @@ def write_folder_atomically(final_dir: str, write: Callable[[str], None]) -> Non
         raise _write_error("folder", final_dir, e) from e
 
 
-def save_hf_folder(folder: str, model: torch.nn.Module, tokenizer: Any) -> None:
-    """The official ``hf-{step}`` actor folder, bf16, written atomically."""
-    write_folder_atomically(folder, lambda tmp: save_hf_checkpoint(model, tokenizer, tmp, dtype=torch.bfloat16))
+def save_hf_folder(folder: str, model: torch.nn.Module, tokenizer: Any,
+                   weights: dict[str, torch.Tensor] | None = None) -> None:
+    """The official ``hf-{step}`` actor folder, bf16, written atomically (``weights``: see
+    ``save_hf_checkpoint``)."""
+    write_folder_atomically(folder, lambda tmp: save_hf_checkpoint(model, tokenizer, tmp, dtype=torch.bfloat16,
+                                                                   weights=weights))
 
 
 class _HashingWriter:

@@ -155,3 +155,23 @@ def dump_trajectories(run_dir: str, step: int, records: Iterable[dict[str, Any]]
                 sep = "\n" if k == "sequence" else " "
                 f.write(f"[{k}]:{sep}{r[k]}\n" + ("\n" if k == "sequence" else ""))
             f.write("\n\n" + "=" * 23 + "\n")
+
+
+class SilentMetrics:
+    """``MetricsWriter``'s interface, writing nothing: data-parallel ranks other than 0 (rank 0
+    writes the step's metrics, which are already reduced over all ranks)."""
+
+    def truncate_after(self, last_step: int) -> None:
+        pass
+
+    def write(self, metrics: dict[str, Any], *, kl_coef: float, scheduler_actor_lr: float) -> None:
+        pass
+
+    def write_validation(self, step: int, metrics: dict[str, float | int]) -> None:
+        pass
+
+    def log_text(self, message: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -43,6 +43,11 @@ class DataParallel:
     def enabled(self) -> bool:
         return self.world_size > 1
 
+    def strided(self, items: list[T]) -> list[T]:
+        """Every ``world_size``-th item from this rank's index: how reference 3.4's sampler deals
+        a step's prompts to ranks (the set of prompts of a step is the same for any world size)."""
+        return items[self.rank::self.world_size]
+
     def share(self, items: list[T]) -> list[T]:
         """This rank's contiguous chunk of ``items``: chunk sizes differ by at most one, each item
         lands on exactly one rank (our fix of quirk Q3: nothing trained twice, nothing dropped)."""
@@ -108,6 +113,21 @@ def _sum_gradients(module: Any) -> None:
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
     """The whole tensor of a sharded DTensor (a collective: every rank calls it), or ``t`` itself."""
     return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``model.state_dict()`` with every sharded tensor gathered whole (a collective)."""
+    return {name: full_tensor(t) for name, t in model.state_dict().items()}
+
+
+@torch.no_grad()
+def copy_full_weights(dst: torch.nn.Module, src: torch.nn.Module) -> None:
+    """``src``'s weights into ``dst``'s tensors in place, cast to their dtypes; a sharded ``src`` is
+    gathered one tensor at a time (a collective: every rank calls it), so the extra memory is one
+    full tensor, not a second full model."""
+    source = src.state_dict()
+    for name, t in dst.state_dict().items():
+        t.copy_(full_tensor(source[name]))
 
 
 def gather_lists(dp: DataParallel, items: list[T]) -> list[T]:

@@ -1,4 +1,5 @@
-"""Command line: ``python -m oreal_fast.train CONFIG [--key value ...]``.
+"""Command line: ``python -m oreal_fast.train CONFIG [--key value ...]``, or the same under
+``torchrun --nproc_per_node N -m oreal_fast.train CONFIG ...`` for N data-parallel processes.
 
 Overrides are parsed as python-fire parses keyword arguments (``--total_steps 90`` is an int,
 ``--token_level_rm None`` is None, ``--datasets '["a.jsonl","b.jsonl"]'`` a list), then type-checked
@@ -60,20 +61,12 @@ def _continue_command(argv: list[str], resume_dir: str | None) -> str:
     return shlex.join([os.path.basename(sys.executable), "-m", "oreal_fast.train", *args])
 
 
-def _check_single_process() -> None:
-    world = os.environ.get("WORLD_SIZE", "1")
-    if world not in ("", "1"):
-        raise ConfigError(f"WORLD_SIZE={world} (torchrun?): oreal-fast trains in one process on one GPU until its "
-                          "FSDP2 path lands; start it as python -m oreal_fast.train CONFIG, without torchrun")
-
-
 def _run(argv: list[str], config: str, **overrides: object) -> None:
     """Loads CONFIG with the --key value overrides and trains."""
     stop = StopSignals()
     with stop.installed():
         try:
             with usage_errors_exit():
-                _check_single_process()
                 cfg = load_config(config, overrides)
                 from oreal_fast.trainer import train  # the step loop pulls in models and kernels: load it only now
 

@@ -16,7 +16,12 @@ Where we differ from the official trainer (details and reasons in docs/differenc
  7. The reference forward and the token RM run before the actor in each micro-batch (10.3 allows it).
  8. Optional held-out validation (``val_*`` keys, ``oreal_fast.evaluate``) on its own generator; the
     official trainer evaluates checkpoints separately. It leaves the training stream as it was.
-Data parallelism keeps ``dp`` in the math (normalisers are global counts); this loop runs dp = 1.
+Data parallel (``torchrun``, ``oreal_fast.parallel``) follows reference 3.4 and 6: each rank generates
+and judges its strided share of the step's prompts; the samples and rewards are all-gathered, so
+every rank computes the same advantages and filter over the global list; each rank trains its
+contiguous share of the kept list (Q3: none twice) with the global normalisers; rank 0 writes.
+ 9. Metrics are reduced over ranks (global), written once by rank 0; the official ranks each write
+    their own per-replica values (Q17). Resume states are written by a single process only.
 """
 
 from __future__ import annotations
@@ -51,9 +56,19 @@ from oreal_fast.data.sampler import PromptSampler, repeat_k
 from oreal_fast.evaluate import Evaluator, validation_due
 from oreal_fast.interrupt import StopRun, StopSignals
 from oreal_fast.judge import JudgeItem, Router
-from oreal_fast.metrics import MetricsWriter, dump_trajectories
-from oreal_fast.model.decoder import max_rope_positions
+from oreal_fast.metrics import MetricsWriter, SilentMetrics, dump_trajectories
+from oreal_fast.model.decoder import Decoder, max_rope_positions
 from oreal_fast.model.hf_io import load_decoder, load_token_rm, load_tokenizer
+from oreal_fast.parallel import (
+    DataParallel,
+    broadcast_from_main,
+    close_data_parallel,
+    copy_full_weights,
+    full_state_dict,
+    gather_lists,
+    init_data_parallel,
+    parallelize,
+)
 from oreal_fast.recompute import apply_selective_recompute
 from oreal_fast.rl_step import (
     MicroStepSums,
@@ -128,6 +143,18 @@ def rl_settings(cfg: TrainConfig, precision: Precision) -> RLSettings:
                       impl=resolve_loss_impl(cfg, precision.device), loss_kernel=cfg.loss_kernel)
 
 
+def check_data_parallel(cfg: TrainConfig, dp: DataParallel) -> None:
+    """What a run of several processes cannot do yet is a config error before anything loads."""
+    if not dp.enabled:
+        return
+    where = f"in {cfg.config_path} with {dp.world_size} processes (torchrun)"
+    if cfg.keep_resume_states:
+        raise ConfigError(f"keep_resume_states {where}: resume states are written by one process only; "
+                          "set --keep_resume_states 0 (the hf-N folders are still written)")
+    if cfg.resume:
+        raise ConfigError(f"resume {where}: a run resumes in one process only")
+
+
 @dataclass
 class StepBatch:
     """What one step generated: k copies of each prompt, their responses and decoded texts."""
@@ -143,7 +170,8 @@ class Trainer:
 
     ``rollout`` and ``router`` may be injected (tests script them); by default the actor's weights
     generate through the engine ``rollout_engine`` names and the config's judgers score. ``stop``
-    is the command line's signal handling; without it nothing ever stops the run early.
+    is the command line's signal handling; without it nothing ever stops the run early. ``dp`` is
+    this process's data-parallel rank (``parallel.init_data_parallel``; rank 0 of 1 by default).
 
     A fresh run's folder is created only once everything has loaded and the disk has room for a
     checkpoint, so a start that fails leaves nothing behind; a resumed run locks its folder first.
@@ -156,8 +184,11 @@ class Trainer:
         rollout: RolloutEngine | None = None,
         router: Router | None = None,
         stop: StopSignals | None = None,
+        dp: DataParallel = DataParallel(),
     ) -> None:
         self.cfg = cfg
+        self.dp = dp
+        check_data_parallel(cfg, dp)
         self.stop = stop or StopSignals()
         self.device = resolve_device(cfg.device)
         self.precision = resolve_precision(cfg, self.device)
@@ -186,7 +217,8 @@ class Trainer:
         # The Router draws its first verifier host from Python's global `random`, as the official
         # judger does, before any filter draw (Q15): build it after seeding, before the first step.
         self.router = router or Router(cfg.judgers_config, cfg.data_judger_mapping)
-        self.sampling_generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        # ranks sample different prompts; their own streams keep their samples independent
+        self.sampling_generator = torch.Generator(device=self.device).manual_seed(cfg.seed + dp.rank)
         self._progress: tqdm | None = None  # the progress bar, while fit() runs
         self._last_summary = "starting"
         self.start_step = 0
@@ -195,13 +227,16 @@ class Trainer:
             self._restore(resume_state, resume.path)
         # built after the restore: the paged engine copies the (restored) actor and sizes its pool
         # from the memory that is left
+        self._rollout_copy: Decoder | None = None  # the plain sampler's gathered actor under dp > 1
         self.rollout = rollout or self._build_rollout()
         self._check_disk()
         fresh = self.run is None
-        self.run = self.run or RunFolder.create(cfg)
-        self.run_dir = self.run.path
+        if dp.is_main:
+            self.run = self.run or RunFolder.create(cfg)
+        self.run_dir = broadcast_from_main(dp, self.run.path if dp.is_main else None)
         try:
-            self.metrics = MetricsWriter(self.run_dir, log_interval=cfg.log_interval)
+            self.metrics = (MetricsWriter(self.run_dir, log_interval=cfg.log_interval) if dp.is_main
+                            else SilentMetrics())
         except BaseException:
             if fresh:
                 self.run.remove()
@@ -294,6 +329,11 @@ class Trainer:
         apply_selective_recompute(actor, cfg.selective_recompute)
         if token_rm is not None:
             apply_selective_recompute(token_rm.backbone, cfg.selective_recompute)
+        if self.dp.enabled:  # FSDP2 after recompute, before the optimisers see the parameters
+            parallelize(actor, actor.blocks, device)
+            parallelize(reference, reference.blocks, device)
+            if token_rm is not None:
+                parallelize(token_rm, token_rm.backbone.blocks, device)
         self.models = RLModels(actor, reference, token_rm)
 
     def _build_rollout(self) -> RolloutEngine:
@@ -303,7 +343,7 @@ class Trainer:
         if name == "auto":
             name = "paged" if self.device.type == "cuda" else "plain"
         if name == "plain":
-            return PlainSampler(self.models.actor, max_batch_size=self._rollout_batch_size(),
+            return PlainSampler(self._plain_rollout_model(), max_batch_size=self._rollout_batch_size(),
                                 kv_dtype=self.precision.compute_dtype)
         # AdamW's two fp32 moments per trained parameter are allocated at the first optimiser step
         optimizers = [self.actor_optimizer] + ([self.rm_optimizer] if self.rm_optimizer is not None else [])
@@ -319,6 +359,18 @@ class Trainer:
         except ValueError as e:
             key = "kv_cache_gib" if cfg.kv_cache_gib is not None else "kv_cache_memory_fraction"
             raise ConfigError(f"{key} in {cfg.config_path}: {e}") from e
+
+    def _plain_rollout_model(self) -> Decoder:
+        """The actor itself, or under dp > 1 a whole copy in the compute dtype, refreshed after each
+        optimiser step: a sharded actor's forward is a collective, and ranks decode different
+        numbers of steps. It costs one unsharded model per rank (2 bytes per parameter in bf16)."""
+        actor = self.models.actor
+        if not self.dp.enabled:
+            return actor
+        self._rollout_copy = Decoder(actor.config, attn_backend="auto", device=self.device,
+                                     dtype=self.precision.compute_dtype).requires_grad_(False)
+        copy_full_weights(self._rollout_copy, actor)
+        return self._rollout_copy
 
     def _rollout_batch_size(self) -> int:
         """Sessions per batch of the plain sampler: the whole step on CPU; on a GPU as many as
@@ -369,19 +421,24 @@ class Trainer:
             trajectories = self.build_trajectories(batch)                               # 4.6
             infer_time = time.perf_counter() - t_infer
             (rewards, judge_counters), judge_time = judging.result()
+        batch, trajectories, rewards, judge_counters = self.gather_step(  # 4.5: every rank holds
+            batch, trajectories, rewards, judge_counters)                 # the global list
         advantages = compute_advantages(torch.tensor(rewards), cfg.prompt_repeat_k, cfg.reward_shaping_type)  # 4.4
         for t, r, a in zip(trajectories, rewards, advantages.tolist()):
             t.reward, t.advantage = r, a
         selection = select_trajectories(rewards, cfg.prompt_repeat_k, random, cfg.filter_trajectory)  # 4.5
         kept = [trajectories[i] for i in selection.indices]
-        dump_trajectories(self.run_dir, step, self._dump_records(kept), debug=cfg.debug)
+        if self.dp.is_main:
+            dump_trajectories(self.run_dir, step, self._dump_records(kept), debug=cfg.debug)
         self._phase("rl")
         t_rl = time.perf_counter()
         sums = self.rl_phase(kept, update_actor)                                        # 4.7 - 4.11
         actor_grad_norm, rm_grad_norm = self.optimizer_steps(update_actor and bool(kept))  # 4.12
         rl_time = time.perf_counter() - t_rl
         peaks.end_phase("rl")
-        if update_actor and kept and hasattr(self.rollout, "sync_weights"):
+        if update_actor and kept and self._rollout_copy is not None:
+            copy_full_weights(self._rollout_copy, self.models.actor)
+        elif update_actor and kept and hasattr(self.rollout, "sync_weights"):
             self.rollout.sync_weights(self.models.actor)  # the paged engine's weight copy follows the actor
         return self._step_metrics(
             step, batch, rewards, kept, sums, judge_counters, peaks,
@@ -398,9 +455,10 @@ class Trainer:
         return actor_lr, rm_lr
 
     def generate(self, step: int) -> tuple[StepBatch, float]:
-        """The step's prompts, each repeated k times, sampled by the actor (3.4, 3.5, 4.2)."""
+        """This rank's share of the step's prompts, each repeated k times, sampled by the actor (3.4, 3.5, 4.2)."""
         cfg = self.cfg
-        records = repeat_k([self.records[i] for i in self.sampler.batch(step)], cfg.prompt_repeat_k)
+        prompts = self.dp.strided(self.sampler.batch(step))
+        records = repeat_k([self.records[i] for i in prompts], cfg.prompt_repeat_k)
         prompt_ids = [self._prompt_token_ids(r) for r in records]
         params = SamplingParams(
             max_new_tokens=cfg.gen_max_new, max_length=cfg.gen_max_length, top_k=cfg.gen_top_k,
@@ -443,6 +501,21 @@ class Trainer:
         return [Trajectory(prompt_ids=p, response_ids=r, reward=0.0, advantage=0.0)
                 for p, r in zip(batch.prompt_ids, batch.response_ids)]
 
+    def gather_step(self, batch: StepBatch, trajectories: list[Trajectory], rewards: list[float],
+                    counters: dict[str, int]) -> tuple[StepBatch, list[Trajectory], list[float], dict[str, int]]:
+        """All ranks' samples, trajectories and rewards in rank order (groups stay contiguous) and
+        the judger counters summed (4.5, 6); a single process gets its own back."""
+        if not self.dp.enabled:
+            return batch, trajectories, rewards, counters
+        rows = gather_lists(self.dp, list(zip(batch.records, batch.prompt_ids, batch.response_ids,
+                                              batch.response_texts, trajectories, rewards)))
+        records, prompt_ids, response_ids, texts, trajectories, rewards = (list(c) for c in zip(*rows))
+        summed: dict[str, int] = {}
+        for part in gather_lists(self.dp, [counters]):
+            for key, value in part.items():
+                summed[key] = summed.get(key, 0) + value
+        return StepBatch(records, prompt_ids, response_ids, texts), trajectories, rewards, summed
+
     def rl_phase(self, kept: list[Trajectory], update_actor: bool) -> MicroStepSums | None:
         """Global normalisers, then every micro-batch in kept order with gradient accumulation (4.7-4.11).
 
@@ -455,7 +528,7 @@ class Trainer:
             self.metrics.log_text(f"WARNING {msg}")
             return None
         return rl_phase(self.models, kept, self.rl_settings, micro_batch_size=self.cfg.rl_mirco_batch,
-                        token_budget=self.cfg.rl_micro_batch_tokens, update_actor=update_actor)
+                        token_budget=self.cfg.rl_micro_batch_tokens, update_actor=update_actor, dp=self.dp)
 
     def optimizer_steps(self, update_actor: bool) -> tuple[float, float]:
         """Clip (pre-clip norms returned) and one AdamW step per trained model (4.12)."""
@@ -481,7 +554,8 @@ class Trainer:
     def _step_metrics(self, step, batch, rewards, kept, sums, judge_counters, peaks, *, actor_lr, rm_lr,
                       actor_grad_norm, rm_grad_norm, gen_time, judge_time, infer_time, rl_time,
                       total_time) -> dict:
-        """The official keys of 5.1 (dp = 1, so every one is global), then ours."""
+        """The official keys of 5.1, every one global (reduced over ranks; memory and times are
+        this rank's), then ours."""
         zero = torch.zeros(())
         if sums is None:
             sums = MicroStepSums(*([zero] * 8))
@@ -491,6 +565,7 @@ class Trainer:
         averages = {k: float(v) for k, v in averages.items()}
         num_gen_tokens = sum(len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids))
         num_rl_tokens = sum(t.num_tokens for t in kept)
+        per_gpu = 1 / self.dp.world_size  # the *_tgs keys are per GPU, as the official per-rank ones
         steps_left = self.total_steps - step - 1
         metrics = {
             "step": step + 1,
@@ -510,8 +585,8 @@ class Trainer:
             "max_memory": peaks.step_peak(),
             "avg_new_tokens": sum(len(r) for r in batch.response_ids) / len(batch.response_ids),
             "num_rl_tokens": num_rl_tokens,
-            "infer_tgs": int(num_gen_tokens / max(infer_time, 1e-9)),
-            "rl_tgs": int(num_rl_tokens / max(rl_time, 1e-9)),
+            "infer_tgs": int(per_gpu * num_gen_tokens / max(infer_time, 1e-9)),
+            "rl_tgs": int(per_gpu * num_rl_tokens / max(rl_time, 1e-9)),
             "gen_time": gen_time,
             "infer_time": infer_time,
             "rl_time": rl_time,
@@ -519,7 +594,7 @@ class Trainer:
             "eta": int(total_time * steps_left),
             # ours, after the official keys
             "num_kept": len(kept),
-            "gen_tgs": int(sum(len(r) for r in batch.response_ids) / max(gen_time, 1e-9)),
+            "gen_tgs": int(per_gpu * sum(len(r) for r in batch.response_ids) / max(gen_time, 1e-9)),
             "judge_time": judge_time,
             **{f"max_memory_{name}": gib for name, gib in peaks.phases.items()},
             **{f"judger_{k}": v for k, v in judge_counters.items()},
@@ -542,9 +617,12 @@ class Trainer:
         ``keep_resume_states`` is 0). Raises CheckpointWriteError; partial files are gone then."""
         cfg = self.cfg
         if hf_folder:
+            # FSDP2: every rank gathers the shards, rank 0 writes
+            weights = full_state_dict(self.models.actor) if self.dp.enabled else None
             folder = os.path.join(self.run_dir, ckpt.hf_folder_name(step + 1, self.total_steps))
-            ckpt.save_hf_folder(folder, self.models.actor, self.tokenizer)
-        if cfg.keep_resume_states == 0:
+            if self.dp.is_main:
+                ckpt.save_hf_folder(folder, self.models.actor, self.tokenizer, weights)
+        if cfg.keep_resume_states == 0:  # always so under dp > 1 (check_data_parallel)
             return
         state = {
             "next_step": step + 1,
@@ -623,7 +701,8 @@ class Trainer:
             log.info(f"{self.run_dir}: all {self.total_steps} steps are done; nothing left to run")
         done = saved = self.start_step  # steps finished / covered by the newest resume state
         self._progress = tqdm(range(self.start_step, self.total_steps), initial=self.start_step,
-                              total=self.total_steps, desc="oreal", unit="step", file=sys.stderr)
+                              total=self.total_steps, desc="oreal", unit="step", file=sys.stderr,
+                              disable=not self.dp.is_main)
         try:
             if self.evaluator is not None and cfg.val_before_train and self.start_step == 0:
                 self.validate(0)
@@ -660,7 +739,8 @@ class Trainer:
             self._progress.close()
             self.metrics.close()
             self.router.close()
-            self.run.close()
+            if self.run is not None:
+                self.run.close()
         return self.run_dir
 
     def _on_disk(self, done: int) -> tuple[str, str | None]:
@@ -707,9 +787,15 @@ def _timed(fn, *args):
 
 def train(cfg: TrainConfig, stop: StopSignals | None = None) -> str:
     """Builds a ``Trainer`` for ``cfg`` and runs it to the end; returns the run folder."""
-    logging.basicConfig(level=logging.DEBUG if cfg.debug else logging.INFO,
+    dp = init_data_parallel()
+    level = logging.DEBUG if cfg.debug else logging.INFO
+    logging.basicConfig(level=level if dp.is_main else logging.WARNING,  # rank 0 tells the story
                         format="%(asctime)s %(levelname)s %(message)s")
-    run_dir = Trainer(cfg, stop=stop).fit()
-    print(f"\nDone. Metrics: {os.path.join(run_dir, 'rank0.log.jsonl')}\n"
-          f"Plot them:  python -m oreal_fast.plot {run_dir}", file=sys.stderr)
+    try:
+        run_dir = Trainer(cfg, stop=stop, dp=dp).fit()
+    finally:
+        close_data_parallel()
+    if dp.is_main:
+        print(f"\nDone. Metrics: {os.path.join(run_dir, 'rank0.log.jsonl')}\n"
+              f"Plot them:  python -m oreal_fast.plot {run_dir}", file=sys.stderr)
     return run_dir

@@ -285,7 +285,8 @@ def load_tokenizer(ref: str):
         raise ValueError(f"model ref {ref!r}: cannot load its tokenizer ({e})") from e
 
 
-def save_hf_checkpoint(model: Decoder, tokenizer, folder: str, *, dtype: torch.dtype) -> None:
+def save_hf_checkpoint(model: Decoder, tokenizer, folder: str, *, dtype: torch.dtype,
+                       weights: dict[str, torch.Tensor] | None = None) -> None:
     """Write an HF folder: config.json, model.safetensors (in `dtype`) and the tokenizer files.
 
     Args:
@@ -293,13 +294,15 @@ def save_hf_checkpoint(model: Decoder, tokenizer, folder: str, *, dtype: torch.d
         tokenizer: a transformers tokenizer, or None to write weights and config only.
         folder: created if missing; existing files of the same names are replaced.
         dtype: storage dtype of the weights.
+        weights: the state dict to write (default `model.state_dict()`); an FSDP2 model passes its
+            gathered one (`parallel.full_state_dict`).
     """
     if not model.has_lm_head:
         raise ValueError("save_hf_checkpoint: the model has no LM head (a reward-model backbone is not a causal LM)")
     os.makedirs(folder, exist_ok=True)
     state = {
         _map_key(k, TO_HF)[1]: v.detach().to(device="cpu", dtype=dtype).contiguous()
-        for k, v in model.state_dict().items()
+        for k, v in (model.state_dict() if weights is None else weights).items()
     }
     save_file(state, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
     hf_config_from(model.config, dtype).save_pretrained(folder)

@@ -1,9 +1,11 @@
 """Data parallel on CPU: 2 gloo processes with FSDP2 give the 1-process RL phase (global sums,
 gradients, updated weights after clip + AdamW) on the same kept list, including kept counts that
-do not divide by 2 (quirk Q3: no trajectory trained twice) and a rank with nothing to train."""
+do not divide by 2 (quirk Q3: no trajectory trained twice) and a rank with nothing to train; and
+two whole trainer steps on 2 ranks log the metrics and write the checkpoint of 1 process."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 
@@ -11,14 +13,15 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from oreal_fast.config import load_config
+from oreal_fast.config import ConfigError, load_config
 from oreal_fast.model.hf_io import load_decoder, load_token_rm
 from oreal_fast.parallel import DataParallel, close_data_parallel, full_tensor, init_data_parallel, parallelize
 from oreal_fast.rl_step import Precision, RLModels, clip_and_step, rl_phase
-from oreal_fast.trainer import rl_settings
+from oreal_fast.trainer import Trainer, check_data_parallel, rl_settings
 from oreal_fast.trajectories import Trajectory, plan_micro_batches
 
-from test_step import write_config
+from conftest import KeywordRouter, make_tokenizer, reproducible
+from test_step import K, TEXTS, write_config
 
 # fp32 on both sides; only the order of the sums differs (ranks' partial sums, shard-wise norms)
 RTOL = 2e-5
@@ -110,8 +113,6 @@ def two_rank_results(tmp_path_factory, tiny_model_dir):
     """The CASES run once by 2 gloo processes (one spawn for all cases: start-up dominates)."""
     from transformers import AutoModelForCausalLM
 
-    from conftest import make_tokenizer
-
     tmp = tmp_path_factory.mktemp("dp")
     actor_dir = tmp / "actor"  # actor != reference, so the KL terms are not 0
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
@@ -146,3 +147,82 @@ def test_two_ranks_equal_one_process(two_rank_results, case):
         for name, ref in single[kind].items():
             err = (double[kind][name] - ref).abs().max()
             assert err <= RTOL * ref.abs().max() + atol, f"{kind} {name}: {err}"
+
+
+class KeyedRollout:
+    """Sample j of a prompt's group answers ``TEXTS[(sum of the prompt's ids + j) % len(TEXTS)]``:
+    the same responses whichever rank generates the prompt (groups arrive whole and in order)."""
+
+    def __init__(self, tokenizer, stop_token_id: int) -> None:
+        self.tokenizer, self.stop_token_id = tokenizer, stop_token_id
+
+    def generate(self, prompts, params, generator):
+        out = []
+        for i, prompt in enumerate(prompts):
+            text = TEXTS[(sum(prompt) + i % K) % len(TEXTS)]
+            out.append(self.tokenizer.encode(text, add_special_tokens=False)[: params.max_new_tokens - 1]
+                       + [self.stop_token_id])
+        return out
+
+
+def _fit(cfg_path: str, dp: DataParallel) -> str:
+    tok = make_tokenizer()
+    rollout = KeyedRollout(tok, tok.convert_tokens_to_ids("<|im_end|>"))
+    return Trainer(load_config(cfg_path), rollout=rollout, router=KeywordRouter("2"), dp=dp).fit()
+
+
+def _train_worker(rank: int, port: int, cfg_path: str, out_path: str) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    dp = init_data_parallel()
+    try:
+        run_dir = _fit(cfg_path, dp)
+        with open(f"{out_path}.{rank}", "w") as f:
+            f.write(run_dir)
+    finally:
+        close_data_parallel()
+
+
+def _rows(run_dir: str) -> list[dict]:
+    with open(os.path.join(run_dir, "rank0.log.jsonl")) as f:
+        return [reproducible(json.loads(line)) for line in f]
+
+
+def _hf_weights(run_dir: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(os.path.join(run_dir, "hf-2", "model.safetensors"))
+
+
+def test_two_trainer_steps_on_two_ranks_equal_one_process(tmp_path, tiny_model_dir, perturbed_actor_dir, prompt_file):
+    # 2 prompts per step: rank r generates prompt r, so the gathered order is the 1-process order
+    runs = {}
+    for name in ("single", "double"):
+        (tmp_path / name).mkdir()
+        runs[name] = write_config(tmp_path / name, perturbed_actor_dir, tiny_model_dir, prompt_file,
+                                  total_steps=2, keep_resume_states=0)
+    single_dir = _fit(runs["single"], DataParallel())
+    out = str(tmp_path / "run_dir")
+    mp.spawn(_train_worker, args=(_free_port(), runs["double"], out), nprocs=2, join=True)
+    double_dir = open(f"{out}.0").read()
+    assert open(f"{out}.1").read() == double_dir  # one run folder for both ranks
+    assert os.listdir(os.path.dirname(double_dir)) == [os.path.basename(double_dir)]
+    single, double = _rows(single_dir), _rows(double_dir)
+    assert [r["step"] for r in double] == [1, 2]
+    assert all(r["num_kept"] > 0 for r in single) and single[1]["actor_grad_norm"] > 0
+    for s_row, d_row in zip(single, double):
+        assert s_row.keys() == d_row.keys()
+        for key, value in s_row.items():
+            assert d_row[key] == pytest.approx(value, rel=1e-4, abs=1e-7), (s_row["step"], key)
+    ref, got = _hf_weights(single_dir), _hf_weights(double_dir)
+    assert ref.keys() == got.keys()
+    for name, w in ref.items():  # bf16 files: fp32 values that differ by rounding may round apart by one ulp
+        assert torch.allclose(got[name].float(), w.float(), rtol=2**-7, atol=1e-6), name
+
+
+def test_what_several_processes_cannot_do_is_a_config_error(tmp_path, tiny_model_dir, prompt_file):
+    cfg = load_config(write_config(tmp_path, tiny_model_dir, tiny_model_dir, prompt_file, keep_resume_states=2))
+    check_data_parallel(cfg, DataParallel())  # one process: anything goes
+    with pytest.raises(ConfigError, match="keep_resume_states in .* with 2 processes"):
+        check_data_parallel(cfg, DataParallel(0, 2))

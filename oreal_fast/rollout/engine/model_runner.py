@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from oreal_fast.kernels.paged_attention import paged_decode_attention
 from oreal_fast.model.attention import make_backend
 from oreal_fast.model.decoder import Decoder
+from oreal_fast.parallel import copy_full_weights
 from oreal_fast.rollout.base import finished
 
 
@@ -128,10 +129,9 @@ class ModelRunner:
 
     @torch.no_grad()
     def sync_weights(self, actor: Decoder) -> None:
-        """Copy the actor's weights into the persistent copy, in place (cast to the compute dtype)."""
-        source = actor.state_dict()
-        for name, p in self.model.state_dict().items():
-            p.copy_(source[name])
+        """Copy the actor's weights into the persistent copy, in place (cast to the compute dtype);
+        an FSDP2 actor's shards are gathered one tensor at a time (every rank calls this)."""
+        copy_full_weights(self.model, actor)
 
     def allocate(self) -> None:
         """The KV pool and, with CUDA graphs, the logits buffer and the captured graphs."""
