@@ -13,8 +13,12 @@ micro-step needs of the config, built once per run: the loss constants, the RM w
 precision and which LM-head kernel computes the actor loss (``linear_logprob`` + the eager loss, or
 ``fused_oreal_loss``, each with ``impl`` "triton" or "eager").
 
+Data parallel: ``rl_phase`` trains this rank's share of the kept list and returns sums over all
+ranks (``oreal_fast.parallel``); the losses are divided by global counts, so summed gradients are
+the 1-process gradients.
+
 Invariant: every returned value is a 0-d tensor on the model's device that SUMs over micro-batches
-into the step's metric; nothing here syncs with the host.
+(and ranks) into the step's metric; nothing here syncs with the host.
 """
 
 from __future__ import annotations
