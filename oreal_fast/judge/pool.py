@@ -50,6 +50,11 @@ class RuleTask(NamedTuple):
 def _worker_main(conn: multiprocessing.connection.Connection) -> None:
     """Loop of one worker: receive a task, send back a bool, until told to stop (None)."""
     import importlib
+    import signal
+
+    # A terminal's Ctrl-C reaches the whole process group; the trainer handles it and stops its
+    # workers itself, so a worker must not die of it (mid-import, its pipe would just break).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     checkers = {
         "official": importlib.import_module(_RULE_MODULES[0]).check,

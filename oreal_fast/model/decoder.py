@@ -16,6 +16,10 @@ Precision: q, k and v reach attention in one dtype, the dtype of the q/k/v proje
 autocast, the parameter dtype otherwise): the rope tables are cast to it. The attention backend is
 picked at construction for the *compute* dtype (`compute_dtype`, default the parameter dtype).
 
+Elementwise ops (RMSNorm, rope, SwiGLU) come from `TrunkOps`: the eager, differentiable forms by
+default; one Triton kernel each, forward only, with `inference_kernels=True` (the rollout
+engine's weight copy). Their math is written out in `oreal_fast.kernels.trunk_inference`.
+
 Not here: HF name mapping and file I/O (`hf_io.py`), attention kernels (`attention.py`).
 Invariant: numerics follow transformers' Llama/Qwen2 modules op for op (fp32 RMSNorm statistics,
 rope tables computed in fp32 then cast), so the same weights give the same hidden states.

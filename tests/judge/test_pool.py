@@ -48,3 +48,14 @@ def test_caller_stopping_early_does_not_shift_later_answers(pool):
 
 def test_empty_batch():
     assert list(RulePool(2).run([])) == []
+
+
+def test_ctrl_c_to_the_process_group_does_not_kill_workers(pool):
+    """A terminal's SIGINT reaches every process of the group: the workers ignore it (the trainer
+    handles it and stops them), so they keep answering, with the same pids."""
+    list(pool.run([YES, YES]))
+    pids = [w.proc.pid for w in pool._workers]
+    for pid in pids:
+        os.kill(pid, signal.SIGINT)
+    assert dict(pool.run([NO, YES])) == {0: RuleVerdict.NOT_CONFIRMED, 1: RuleVerdict.CONFIRMED}
+    assert [w.proc.pid for w in pool._workers] == pids and all(w.proc.is_alive() for w in pool._workers)
