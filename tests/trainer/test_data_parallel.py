@@ -15,7 +15,15 @@ import torch.multiprocessing as mp
 
 from oreal_fast.config import ConfigError, load_config
 from oreal_fast.model.hf_io import load_decoder, load_token_rm
-from oreal_fast.parallel import DataParallel, close_data_parallel, full_tensor, init_data_parallel, parallelize
+from oreal_fast.model.decoder import Decoder
+from oreal_fast.parallel import (
+    DataParallel,
+    close_data_parallel,
+    copy_full_weights,
+    full_tensor,
+    init_data_parallel,
+    parallelize,
+)
 from oreal_fast.rl_step import Precision, RLModels, clip_and_step, rl_phase
 from oreal_fast.trainer import Trainer, check_data_parallel, rl_settings
 from oreal_fast.trajectories import Trajectory, plan_micro_batches
@@ -71,6 +79,10 @@ def _one_step(cfg_path: str, actor_dir: str, ref_dir: str, num_kept: int, budget
         out[f"{m}_norm"] = float(clip_and_step(model, opt, 0.05))  # small enough that it clips
     out["weights"] = {f"{m}.{n}": full_tensor(p.detach()).clone() for m, model in trained.items()
                       for n, p in model.named_parameters()}
+    # the rollout's whole copy of the actor (plain sampler, paged engine) after the step
+    copy = Decoder(models.actor.config, attn_backend="auto", device=dev, dtype=torch.float32)
+    copy_full_weights(copy, models.actor)
+    out["rollout_copy"] = {f"actor.{n}": t.clone() for n, t in copy.state_dict().items()}
     return out
 
 
@@ -142,6 +154,9 @@ def test_two_ranks_equal_one_process(two_rank_results, case):
     for key in ("actor_norm", "rm_norm"):
         assert single[key] > 0.05  # the clip is active
         assert double[key] == pytest.approx(single[key], rel=RTOL), key
+    assert double["rollout_copy"].keys() <= double["weights"].keys()
+    for name, t in double["rollout_copy"].items():
+        assert torch.equal(t, double["weights"][name]), name
     for kind, atol in (("grads", 1e-8), ("weights", WEIGHT_ATOL)):
         assert single[kind].keys() == double[kind].keys()
         for name, ref in single[kind].items():
