@@ -16,12 +16,12 @@ Where we differ from the official trainer (details and reasons in docs/differenc
  7. The reference forward and the token RM run before the actor in each micro-batch (10.3 allows it).
  8. Optional held-out validation (``val_*`` keys, ``oreal_fast.evaluate``) on its own generator; the
     official trainer evaluates checkpoints separately. It leaves the training stream as it was.
+ 9. Metrics are reduced over ranks (global), written once by rank 0; the official ranks each write
+    their own per-replica values (Q17). Resume states are written by a single process only.
 Data parallel (``torchrun``, ``oreal_fast.parallel``) follows reference 3.4 and 6: each rank generates
 and judges its strided share of the step's prompts; the samples and rewards are all-gathered, so
 every rank computes the same advantages and filter over the global list; each rank trains its
 contiguous share of the kept list (Q3: none twice) with the global normalisers; rank 0 writes.
- 9. Metrics are reduced over ranks (global), written once by rank 0; the official ranks each write
-    their own per-replica values (Q17). Resume states are written by a single process only.
 """
 
 from __future__ import annotations

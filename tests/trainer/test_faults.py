@@ -94,12 +94,12 @@ def test_io_error_while_writing_the_hf_folder(tmp_path, tiny_model_dir, prompt_f
     cfg = write_config(tmp_path, tiny_model_dir, tiny_model_dir, prompt_file, **SMALL)
     real_save = ckpt.save_hf_checkpoint
 
-    def failing_save(model, tokenizer, folder, *, dtype):
+    def failing_save(model, tokenizer, folder, *, dtype, weights=None):
         if os.path.basename(folder).startswith("hf-2"):
             with open(os.path.join(folder, "model.safetensors"), "wb") as f:
                 f.write(bytes(1000))
             raise OSError(errno.EIO, os.strerror(errno.EIO))
-        real_save(model, tokenizer, folder, dtype=dtype)
+        real_save(model, tokenizer, folder, dtype=dtype, weights=weights)
 
     monkeypatch.setattr(ckpt, "save_hf_checkpoint", failing_save)
     code, last = cli(capsys, cfg)
