@@ -248,7 +248,7 @@ def rl_phase(
                  for share in (DataParallel(r, dp.world_size).share(kept) for r in range(dp.world_size))]
     micro_batches = make_micro_batches(dp.share(kept), micro_batch_size, token_budget, device)
     num_pad = max(num_micro) - len(micro_batches)
-    pads = make_micro_batches(kept[:1], 1, 0, device) * num_pad
+    pads = make_micro_batches(kept[:1], 1, 0, device) * num_pad if num_pad else []
     total = None
     for micro, pad in [(m, False) for m in micro_batches] + [(m, True) for m in pads]:
         sums = rl_micro_step(models, micro, norm, settings, update_actor=update_actor, pad=pad)
