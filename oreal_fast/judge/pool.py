@@ -65,7 +65,7 @@ def _worker_main(conn: multiprocessing.connection.Connection) -> None:
     while True:
         try:
             task = conn.recv()
-        except EOFError:
+        except (EOFError, ConnectionError):  # the trainer is gone (a kill -9 resets the pipe): stop quietly
             return
         if task is None:
             return
@@ -73,7 +73,10 @@ def _worker_main(conn: multiprocessing.connection.Connection) -> None:
             ok = bool(checkers[task[0]](task[1], task[2]))
         except BaseException:  # MemoryError etc.: the checker gave no verdict, so no +1
             ok = False
-        conn.send(ok)
+        try:
+            conn.send(ok)
+        except ConnectionError:
+            return
 
 
 def _cap_address_space() -> None:

@@ -59,3 +59,33 @@ def test_ctrl_c_to_the_process_group_does_not_kill_workers(pool):
         os.kill(pid, signal.SIGINT)
     assert dict(pool.run([NO, YES])) == {0: RuleVerdict.NOT_CONFIRMED, 1: RuleVerdict.CONFIRMED}
     assert [w.proc.pid for w in pool._workers] == pids and all(w.proc.is_alive() for w in pool._workers)
+
+
+class _ResetPipe:
+    """The worker's end of the pipe after the trainer died with a task or reply in flight."""
+
+    def __init__(self, fail_on):
+        self.fail_on, self.sent = fail_on, []
+
+    def recv(self):
+        if self.fail_on == "recv":
+            raise ConnectionResetError(104, "Connection reset by peer")
+        self.fail_on = "send"
+        return ("official", YES.text, YES.gold)
+
+    def send(self, value):
+        self.sent.append(value)
+        if self.fail_on == "send" and value != "ready":
+            raise BrokenPipeError(32, "Broken pipe")
+
+
+@pytest.mark.parametrize("fail_on", ["recv", "send"])
+def test_worker_whose_trainer_was_killed_exits_without_a_traceback(monkeypatch, fail_on):
+    from oreal_fast.judge import pool as pool_module
+
+    # run the worker loop in this process, without its process-wide settings
+    monkeypatch.setattr(pool_module, "_cap_address_space", lambda: None)
+    monkeypatch.setattr(signal, "signal", lambda *args: None)
+    pipe = _ResetPipe(fail_on)
+    pool_module._worker_main(pipe)  # returns instead of raising
+    assert pipe.sent == (["ready"] if fail_on == "recv" else ["ready", True])
