@@ -37,6 +37,10 @@ run_bench() {  # files, -k expression, output name, timeout
     --benchmark-json "$OUT/$3.json" --benchmark-columns=median,iqr,rounds --benchmark-sort=name 2>&1
 }
 # a random-init Qwen2.5-0.5B-shaped folder for all three models, the bundled problems, rule-only judging
+random_qwen() {
+  [ -d /tmp/random_qwen ] || $PY benchmarks/make_random_qwen.py /tmp/random_qwen --tokenizer .gpu/qwen_tokenizer \
+    --layers ${RANDOM_QWEN_LAYERS:-24}
+}
 RANDOM_QWEN=(--actor /tmp/random_qwen --reference /tmp/random_qwen --token_level_rm /tmp/random_qwen
   --datasets package://oreal_fast/assets/demo_problems.jsonl --filter_trajectory False --warmup_steps 1
   --actor_freeze_steps 0 --judgers_config '{"math_judger": {"hosts": [], "stop_word": "<|im_end|>", "rule_only": True}}')
@@ -59,7 +63,7 @@ for part in "$@"; do
     decode_profile)
       timeout 120 $PY benchmarks/profile_decode.py --out "$OUT/decode_profile.json" 2>&1 | tee "$OUT/decode_profile.log" ;;
     train)
-      [ -d /tmp/random_qwen ] || $PY benchmarks/make_random_qwen.py /tmp/random_qwen --tokenizer .gpu/qwen_tokenizer --layers ${RANDOM_QWEN_LAYERS:-24}
+      random_qwen
       for budget in ${TRAIN_BUDGETS:-32768 0}; do
         rm -rf /tmp/train_work
         (cd /tmp && timeout ${TRAIN_TIMEOUT:-300} $PY -m oreal_fast.train "$OLDPWD/configs/a100_40g.py" "${RANDOM_QWEN[@]}" \
@@ -69,14 +73,14 @@ for part in "$@"; do
         cp /tmp/train_work/*/rank0.log.jsonl "$OUT/train_$budget.jsonl"
       done ;;
     torchrun)
-      [ -d /tmp/random_qwen ] || $PY benchmarks/make_random_qwen.py /tmp/random_qwen --tokenizer .gpu/qwen_tokenizer --layers ${RANDOM_QWEN_LAYERS:-24}
+      random_qwen
       rm -rf /tmp/torchrun_work
       (cd /tmp && timeout 300 torchrun --standalone --nproc_per_node 1 -m oreal_fast.train "$OLDPWD/configs/a100_40g.py" \
         "${RANDOM_QWEN[@]}" --gen_global_batch 64 --gen_max_new 192 --total_steps 2 --checkpoint_interval -1 \
         --keep_resume_states 0 --work_dir /tmp/torchrun_work) 2>&1 | tail -c 3000 | tee "$OUT/torchrun.log"
       cp /tmp/torchrun_work/*/rank0.log.jsonl "$OUT/torchrun.jsonl" ;;
     resume)
-      [ -d /tmp/random_qwen ] || $PY benchmarks/make_random_qwen.py /tmp/random_qwen --tokenizer .gpu/qwen_tokenizer --layers ${RANDOM_QWEN_LAYERS:-24}
+      random_qwen
       rm -rf /tmp/resume_work /tmp/straight_work
       official=("${RANDOM_QWEN[@]}" --gen_max_new "${RESUME_CAP:-1024}" --total_steps 3 --checkpoint_interval 1 --keep_resume_states 1)
       (cd /tmp && exec $PY -m oreal_fast.train "$OLDPWD/configs/a100_40g.py" "${official[@]}" ${RESUME_ARGS:-} --work_dir /tmp/resume_work) \
@@ -93,22 +97,9 @@ for part in "$@"; do
       (cd /tmp && timeout ${STRAIGHT_TIMEOUT:-300} $PY -m oreal_fast.train "$OLDPWD/configs/a100_40g.py" "${official[@]}" ${RESUME_ARGS:-} \
         --keep_resume_states 0 --work_dir /tmp/straight_work) 2>&1 | tail -c 2000 > "$OUT/resume_straight.log"
       cp /tmp/straight_work/*/rank0.log.jsonl "$OUT/resume_straight.jsonl"
-      # every non-timing metric of every step, resumed run vs straight run -> resume_compare.json
-      $PY - "$OUT" <<'PYEOF' 2>&1 | tee -a "$OUT/resume_resumed.log"
-import json, sys
-out = sys.argv[1]
-def steps(name):
-    with open(f"{out}/resume_{name}.jsonl") as f:
-        return {row["step"]: row for row in map(json.loads, f)}
-resumed, straight = steps("resumed"), steps("straight")
-timing = lambda key: key.endswith(("_time", "_tgs")) or key == "eta" or key.startswith("max_memory")
-diffs = {step: {key: [resumed.get(step, {}).get(key), value] for key, value in row.items()
-                if not timing(key) and resumed.get(step, {}).get(key) != value}
-         for step, row in straight.items()}
-report = {"steps_resumed": sorted(resumed), "steps_straight": sorted(straight), "differences": diffs}
-json.dump(report, open(f"{out}/resume_compare.json", "w"), indent=1)
-print("resume vs straight:", json.dumps(report)[:2000])
-PYEOF
+      # every reproducible metric of every step, resumed run vs straight run -> resume_compare.json
+      $PY benchmarks/compare_runs.py "$OUT/resume_resumed.jsonl" "$OUT/resume_straight.jsonl" \
+        --out "$OUT/resume_compare.json" 2>&1 | tail -c 2000 | tee -a "$OUT/resume_resumed.log"
       ;;
     sweep)
       timeout 150 $PY benchmarks/sweep_linear_logprob.py --out "$OUT/sweep.json" 2>&1 | tee "$OUT/sweep.log" ;;

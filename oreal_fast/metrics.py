@@ -49,6 +49,13 @@ OFFICIAL_KEYS = (
 )
 
 
+
+def reproducible_metrics(row: dict[str, Any]) -> dict[str, Any]:
+    """A metrics row without what differs between any two runs of the same steps: wall-clock
+    timings (``*_time``, ``*_time_s``, ``eta``), throughputs (``*_tgs``, ``*_per_s``) and peak memory."""
+    varying = ("time", "tgs", "memory", "per_s")
+    return {k: v for k, v in row.items() if k != "eta" and not any(part in k for part in varying)}
+
 class MetricsWriter:
     """Appends one step's metrics to the jsonl, the text log and TensorBoard."""
 

@@ -23,19 +23,9 @@ import time
 
 import fire
 
+from oreal_fast.plot import find_metrics_file, read_metrics
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _rows(path: str) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def _run_folder(seed_dir: str) -> str:
-    runs = sorted(glob.glob(os.path.join(seed_dir, "*", "rank0.log.jsonl")))
-    if not runs:
-        raise SystemExit(f"{seed_dir}: no run folder with rank0.log.jsonl (run this seed first)")
-    return os.path.dirname(runs[-1])
 
 
 def run(out_dir: str, seeds: str | tuple | int = "0,1,2") -> None:
@@ -61,6 +51,14 @@ def _mean(xs: list[float]) -> float:
 
 def plot(out_dir: str, png: str = os.path.join(REPO, "docs", "evidence.png")) -> None:
     """The figure and the Markdown table of the seeds found under ``out_dir``."""
+    try:
+        _plot(out_dir, png)
+    except (FileNotFoundError, ValueError) as e:  # a missing or foreign run folder: one line, exit 2
+        print(f"evidence plot: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _plot(out_dir: str, png: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -68,17 +66,21 @@ def plot(out_dir: str, png: str = os.path.join(REPO, "docs", "evidence.png")) ->
 
     times = {}
     if os.path.isfile(os.path.join(out_dir, "times.jsonl")):
-        times = {r["seed"]: r for r in _rows(os.path.join(out_dir, "times.jsonl"))}
+        with open(os.path.join(out_dir, "times.jsonl"), encoding="utf-8") as f:
+            times = {r["seed"]: r for r in map(json.loads, f)}
     seed_dirs = sorted(glob.glob(os.path.join(out_dir, "seed*")), key=lambda p: int(p.rsplit("seed", 1)[1]))
     if not seed_dirs:
-        raise SystemExit(f"{out_dir}: no seed* folders")
+        raise FileNotFoundError(f"{out_dir}: no seed* folders")
     fig, (acc_ax, reward_ax, len_ax) = plt.subplots(1, 3, figsize=(17, 5))
     table, finals = [], []
     for seed_dir in seed_dirs:
         seed = int(seed_dir.rsplit("seed", 1)[1])
-        run_dir = _run_folder(seed_dir)
-        val = _rows(os.path.join(run_dir, "validation.jsonl"))
-        train = _rows(os.path.join(run_dir, "rank0.log.jsonl"))
+        metrics_file = find_metrics_file(seed_dir)
+        train = read_metrics(metrics_file, panels=(("", ("avg_judger_reward", "avg_new_tokens")),))
+        val = read_metrics(os.path.join(os.path.dirname(metrics_file), "validation.jsonl"),
+                           panels=(("", ("val_greedy_pass1", "val_num_problems", "val_time")),))
+        if not val:
+            raise FileNotFoundError(f"{metrics_file}: the run did not validate (no validation.jsonl beside it)")
         steps = [r["step"] for r in train]
         acc_ax.plot([r["step"] for r in val], [100 * r["val_greedy_pass1"] for r in val], "o-", label=f"seed {seed}")
         reward_ax.plot(steps, [r["avg_judger_reward"] for r in train], alpha=0.7, label=f"seed {seed}")

@@ -61,22 +61,16 @@ def _worker_main(conn: multiprocessing.connection.Connection) -> None:
         "strict": importlib.import_module(_RULE_MODULES[1]).check,
     }
     _cap_address_space()
-    conn.send("ready")  # imports done: from now on a deadline measures checking alone
-    while True:
-        try:
-            task = conn.recv()
-        except (EOFError, ConnectionError):  # the trainer is gone (a kill -9 resets the pipe): stop quietly
-            return
-        if task is None:
-            return
-        try:
-            ok = bool(checkers[task[0]](task[1], task[2]))
-        except BaseException:  # MemoryError etc.: the checker gave no verdict, so no +1
-            ok = False
-        try:
+    try:
+        conn.send("ready")  # imports done: from now on a deadline measures checking alone
+        while (task := conn.recv()) is not None:
+            try:
+                ok = bool(checkers[task[0]](task[1], task[2]))
+            except BaseException:  # MemoryError etc.: the checker gave no verdict, so no +1
+                ok = False
             conn.send(ok)
-        except ConnectionError:
-            return
+    except (EOFError, ConnectionError):  # the trainer is gone (a kill -9 resets the pipe): stop quietly
+        return
 
 
 def _cap_address_space() -> None:

@@ -134,9 +134,3 @@ class ScriptedRouter:
     def close(self):
         pass
 
-
-def reproducible(row: dict) -> dict:
-    """A metrics row without what differs between any two runs: wall-clock timings, throughputs and
-    peak memory."""
-    timing = ("time", "tgs", "memory", "per_s")
-    return {k: v for k, v in row.items() if k != "eta" and not any(t in k for t in timing)}

@@ -16,6 +16,7 @@ import torch.multiprocessing as mp
 from oreal_fast.config import ConfigError, load_config
 from oreal_fast.model.hf_io import load_decoder, load_token_rm
 from oreal_fast.model.decoder import Decoder
+from oreal_fast.metrics import reproducible_metrics
 from oreal_fast.parallel import (
     DataParallel,
     close_data_parallel,
@@ -28,7 +29,7 @@ from oreal_fast.rl_step import Precision, RLModels, clip_and_step, rl_phase
 from oreal_fast.trainer import Trainer, check_data_parallel, rl_settings
 from oreal_fast.trajectories import Trajectory, plan_micro_batches
 
-from conftest import KeywordRouter, make_tokenizer, reproducible
+from conftest import KeywordRouter, make_tokenizer
 from test_step import K, TEXTS, write_config
 
 # fp32 on both sides; only the order of the sums differs (ranks' partial sums, shard-wise norms)
@@ -201,7 +202,7 @@ def _train_worker(rank: int, port: int, cfg_path: str, out_path: str) -> None:
 
 def _rows(run_dir: str) -> list[dict]:
     with open(os.path.join(run_dir, "rank0.log.jsonl")) as f:
-        return [reproducible(json.loads(line)) for line in f]
+        return [reproducible_metrics(json.loads(line)) for line in f]
 
 
 def _hf_weights(run_dir: str) -> dict[str, torch.Tensor]:

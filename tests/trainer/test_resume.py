@@ -11,9 +11,10 @@ import pytest
 
 from oreal_fast import checkpoint as ckpt
 from oreal_fast.config import ConfigError, load_config
+from oreal_fast.metrics import reproducible_metrics
 from oreal_fast.trainer import Trainer
 
-from conftest import KeywordRouter, ScriptedRollout, make_tokenizer, reproducible
+from conftest import KeywordRouter, ScriptedRollout, make_tokenizer
 from test_step import write_config
 
 TEXTS = ["yes, 2", "no", "yes it is 4", "not sure", "the answer is no", "yes!"]
@@ -26,7 +27,7 @@ def run(cfg, fail_at_call=None) -> str:
 
 def rows(run_dir: str) -> list[dict]:
     with open(os.path.join(run_dir, "rank0.log.jsonl")) as f:
-        return [reproducible(json.loads(line)) for line in f]
+        return [reproducible_metrics(json.loads(line)) for line in f]
 
 
 def text_log(run_dir: str) -> str:

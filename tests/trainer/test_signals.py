@@ -19,10 +19,10 @@ import time
 import pytest
 
 from oreal_fast import trainer
+from oreal_fast.metrics import reproducible_metrics
 from oreal_fast.train import main
 
 from cli_driver import EvenLengthRouter
-from conftest import reproducible
 from test_step import write_config
 
 DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cli_driver.py")
@@ -46,7 +46,7 @@ def finish(proc: subprocess.Popen) -> tuple[int, str]:
 def metric_rows(work_dir: str) -> list[dict]:
     (run,) = [d for d in os.listdir(work_dir)]
     with open(os.path.join(work_dir, run, "rank0.log.jsonl")) as f:
-        return [reproducible(json.loads(line)) for line in f]
+        return [reproducible_metrics(json.loads(line)) for line in f]
 
 
 def wait_for(path: str, proc: subprocess.Popen) -> None:

@@ -18,9 +18,10 @@ import pytest
 import torch
 
 from oreal_fast.config import load_config
+from oreal_fast.metrics import reproducible_metrics
 from oreal_fast.trainer import Trainer
 
-from conftest import reproducible, save_random_qwen2
+from conftest import save_random_qwen2
 from test_step import write_config
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="the trainer loop on a GPU needs CUDA")
@@ -56,7 +57,7 @@ def _config(tmp_path, model_dir, prompt_file) -> str:
 
 def _rows(run_dir: str) -> list[dict]:
     with open(os.path.join(run_dir, "rank0.log.jsonl")) as f:
-        return [reproducible(json.loads(line)) for line in f]
+        return [reproducible_metrics(json.loads(line)) for line in f]
 
 
 def _assert_rows_match(got: list[dict], expected: list[dict]) -> None:

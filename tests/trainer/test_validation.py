@@ -15,9 +15,10 @@ import torch
 
 from oreal_fast.config import load_config
 from oreal_fast.eval import main as eval_main
+from oreal_fast.metrics import reproducible_metrics
 from oreal_fast.trainer import Trainer
 
-from conftest import KeywordRouter, ScriptedRollout, make_tokenizer, reproducible
+from conftest import KeywordRouter, ScriptedRollout, make_tokenizer
 from test_step import write_config
 
 TEXTS = ["yes, 2", "no idea", "yes!", "maybe 7"]
@@ -80,7 +81,7 @@ def test_validation_on_trains_exactly_as_validation_off(tmp_path, tiny_model_dir
                                 val_samples_per_problem=3)
     assert len(rows(os.path.join(on_dir, "validation.jsonl"))) == 4
     assert any(r["num_kept"] for r in off_rows)  # the actor did train
-    assert [reproducible(r) for r in on_rows] == [reproducible(r) for r in off_rows]
+    assert [reproducible_metrics(r) for r in on_rows] == [reproducible_metrics(r) for r in off_rows]
     for key, value in off.models.actor.state_dict().items():
         assert torch.equal(on.models.actor.state_dict()[key], value), key
 
