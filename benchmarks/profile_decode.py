@@ -53,7 +53,7 @@ def main() -> None:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             engine.generate(prompts, params, torch.Generator("cuda").manual_seed(1))
             torch.cuda.synchronize()
-        steps = engine.last_stats["decode_steps"]
+        steps = engine.stats()["decode_steps"]
         kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         by_name: dict[str, list[float]] = {}
         for k in kernels:

@@ -130,4 +130,4 @@ def test_generate(benchmark, models, case):
     benchmark.extra_info["tokens_per_s"] = counted["tokens"] / benchmark.stats.stats.median
     benchmark.extra_info["wall_s"] = benchmark.stats.stats.median
     if "engine" in holder:
-        benchmark.extra_info.update({f"engine_{k}": v for k, v in holder["engine"].last_stats.items()})
+        benchmark.extra_info.update({f"engine_{k}": v for k, v in holder["engine"].stats().items()})

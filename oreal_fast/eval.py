@@ -26,9 +26,6 @@ import fire
 from oreal_fast.config import ConfigError, TrainConfig, config_from_values, load_config
 from oreal_fast.train import usage_errors_exit
 
-# Share of the free GPU memory the sampler's KV cache may take: no RL phase follows, unlike in training.
-EVAL_KV_CACHE_SHARE = 0.8
-
 
 def settings(model: str, datasets: str | list[str] | None, config: str | None, k: int | None,
              max_problems: int | None, overrides: dict[str, object]) -> TrainConfig:
@@ -55,14 +52,12 @@ def settings(model: str, datasets: str | list[str] | None, config: str | None, k
 
 def evaluate_model(cfg: TrainConfig) -> dict:
     """Loads ``cfg.actor``, evaluates it on ``cfg.val_datasets``; returns the JSON report."""
-    import torch
-
     from oreal_fast.config import validate_stop_word
     from oreal_fast.evaluate import Evaluator
     from oreal_fast.judge import Router
     from oreal_fast.model.decoder import max_rope_positions
     from oreal_fast.model.hf_io import load_decoder, load_tokenizer
-    from oreal_fast.rollout import PlainSampler
+    from oreal_fast.rollout import build_rollout
     from oreal_fast.trainer import model_ref_errors, resolve_device, resolve_precision
 
     device = resolve_device(cfg.device)
@@ -80,27 +75,14 @@ def evaluate_model(cfg: TrainConfig) -> dict:
         raise ConfigError(f"gen_max_length: {cfg.gen_max_length} is above the {max_rope_positions(actor.config)} "
                           f"positions the rope table of {cfg.actor!r} covers")
     num_sessions = len(evaluator.records) * max(1, cfg.val_samples_per_problem)
-    rollout = PlainSampler(actor, max_batch_size=_batch_size(actor, cfg, device, compute, num_sessions),
-                           kv_dtype=compute)
-    with Router(cfg.judgers_config, cfg.data_judger_mapping) as router, torch.no_grad(), precision.autocast():
+    rollout = build_rollout(cfg, actor, compute_dtype=compute, num_sessions=num_sessions, training=False)
+    with Router(cfg.judgers_config, cfg.data_judger_mapping) as router:
         result = evaluator.evaluate(rollout, router)
     return {
         "model": cfg.actor, "datasets": cfg.val_datasets, "config": cfg.config_path,
         "samples_per_problem": result.samples_per_problem, "metrics": result.metrics(),
         "problems": [dataclasses.asdict(p) for p in result.problems],
     }
-
-
-def _batch_size(actor, cfg: TrainConfig, device, compute, num_sessions: int) -> int:
-    """All sessions at once on CPU; on a GPU as many as EVAL_KV_CACHE_SHARE of the free memory
-    holds at gen_max_length (the plain sampler keeps one contiguous KV row per session)."""
-    import torch
-
-    if device.type != "cuda":
-        return num_sessions
-    free, _ = torch.cuda.mem_get_info(device)
-    per_session = actor.kv_bytes_per_token(compute) * cfg.gen_max_length
-    return max(1, min(num_sessions, int(EVAL_KV_CACHE_SHARE * free) // per_session))
 
 
 def format_table(report: dict) -> str:

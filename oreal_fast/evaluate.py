@@ -30,7 +30,7 @@ from oreal_fast.config import TrainConfig
 from oreal_fast.data.prompts import DataError, PromptRecord, load_prompt_records
 from oreal_fast.data.sampler import repeat_k
 from oreal_fast.judge import JudgeItem
-from oreal_fast.rollout import RolloutEngine, SamplingParams
+from oreal_fast.rollout import RolloutEngine, SamplingParams, sampling_params
 
 # Added to the run seed for the evaluation generator, so its draws differ from the first draws
 # of the training stream (seeded with the run seed itself) instead of repeating them.
@@ -137,15 +137,13 @@ class Evaluator:
         records = load_prompt_records(cfg.val_datasets, max_prompts=cfg.val_max_problems)
         if not records:
             raise DataError(f"val_datasets {cfg.val_datasets!r}: no problem to validate on")
-        params = SamplingParams(
-            max_new_tokens=cfg.gen_max_new, max_length=cfg.gen_max_length, top_k=cfg.gen_top_k,
-            top_p=cfg.gen_top_p, temperature=cfg.temperature, do_sample=True, stop_token_ids=(stop_token_id,))
+        params = dataclasses.replace(sampling_params(cfg, stop_token_id), do_sample=True)
         prompt_ids = encode_prompts(tokenizer, cfg.chat_template, records, cfg.gen_max_length)
         return cls(records, prompt_ids, tokenizer=tokenizer, params=params,
                    samples_per_problem=cfg.val_samples_per_problem, seed=cfg.seed, device=device)
 
     def evaluate(self, rollout: RolloutEngine, router: Any) -> EvalResult:
-        """One evaluation of the rollout's current weights (call it under no_grad and the run's autocast).
+        """One evaluation of the rollout's current weights.
 
         Args:
             rollout: generates; called once greedy, then once sampled when ``samples_per_problem`` > 0.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
 import torch
@@ -120,14 +121,33 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: full_tensor(t) for name, t in model.state_dict().items()}
 
 
+def full_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, whole tensor)`` for each entry of ``model.state_dict()``, gathered one at a time as
+    the caller iterates (a collective per sharded tensor: every rank iterates to the end), so the
+    extra memory is one full tensor, not a second full model. What ``RolloutEngine.sync_weights`` takes."""
+    for name, t in model.state_dict().items():
+        yield name, full_tensor(t)
+
+
 @torch.no_grad()
+def load_weights(dst: torch.nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Copies ``(name, tensor)`` pairs into ``dst``'s state-dict tensors in place, cast to their
+    dtypes; every name of ``dst`` must come, and no other."""
+    own = dst.state_dict()
+    seen = set()
+    for name, t in weights:
+        if name not in own:
+            raise KeyError(f"load_weights: {name!r} is not a weight of {type(dst).__name__}")
+        own[name].copy_(t)
+        seen.add(name)
+    if len(seen) != len(own):
+        raise KeyError(f"load_weights: {len(own) - len(seen)} weight(s) of {type(dst).__name__} not given, "
+                       f"e.g. {sorted(set(own) - seen)[0]!r}")
+
+
 def copy_full_weights(dst: torch.nn.Module, src: torch.nn.Module) -> None:
-    """``src``'s weights into ``dst``'s tensors in place, cast to their dtypes; a sharded ``src`` is
-    gathered one tensor at a time (a collective: every rank calls it), so the extra memory is one
-    full tensor, not a second full model."""
-    source = src.state_dict()
-    for name, t in dst.state_dict().items():
-        t.copy_(full_tensor(source[name]))
+    """``src``'s weights into ``dst``'s tensors in place (``load_weights`` of ``full_weights``)."""
+    load_weights(dst, full_weights(src))
 
 
 def gather_lists(dp: DataParallel, items: list[T]) -> list[T]:

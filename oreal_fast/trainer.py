@@ -57,14 +57,14 @@ from oreal_fast.evaluate import Evaluator, validation_due
 from oreal_fast.interrupt import StopRun, StopSignals
 from oreal_fast.judge import JudgeItem, Router
 from oreal_fast.metrics import MetricsWriter, SilentMetrics, dump_trajectories
-from oreal_fast.model.decoder import Decoder, max_rope_positions
+from oreal_fast.model.decoder import max_rope_positions
 from oreal_fast.model.hf_io import load_decoder, load_token_rm, load_tokenizer
 from oreal_fast.parallel import (
     DataParallel,
     broadcast_from_main,
     close_data_parallel,
-    copy_full_weights,
     full_state_dict,
+    full_weights,
     gather_lists,
     init_data_parallel,
     parallelize,
@@ -79,15 +79,11 @@ from oreal_fast.rl_step import (
     clip_and_step,
     rl_phase,
 )
-from oreal_fast.rollout import EngineConfig, PagedEngine, PlainSampler, RolloutEngine, SamplingParams, kv_cache_bytes
+from oreal_fast.rollout import RolloutEngine, build_rollout, sampling_params
 from oreal_fast.run_dir import CheckpointWriteError, RunFolder, check_free_space, check_work_dir
 from oreal_fast.trajectories import Trajectory
 
 log = logging.getLogger("oreal_fast")
-
-# Share of the free GPU memory the plain sampler's KV cache may take; the rest stays for the
-# RL phase's activations, which the allocator reuses after generation.
-KV_CACHE_SHARE = 0.25
 
 
 def set_random_seed(seed: int) -> None:
@@ -206,6 +202,7 @@ class Trainer:
         if cfg.chat_template is not None:
             self.tokenizer.chat_template = cfg.chat_template
         self.stop_token_id = validate_stop_word(cfg, self.tokenizer)
+        self.sampling_params = sampling_params(cfg, self.stop_token_id)
 
         self._load_data()
         # held-out problems load (and fail) before any model does
@@ -225,10 +222,12 @@ class Trainer:
         self._state_on_disk = resume.path if resume else None  # the newest state this run may resume from
         if resume_state is not None:
             self._restore(resume_state, resume.path)
-        # built after the restore: the paged engine copies the (restored) actor and sizes its pool
-        # from the memory that is left
-        self._rollout_copy: Decoder | None = None  # the plain sampler's gathered actor under dp > 1
-        self.rollout = rollout or self._build_rollout()
+        # built after the restore: an engine copies the (restored) actor and sizes its pool from
+        # the memory that is left
+        optimizers = [o for o in (self.actor_optimizer, self.rm_optimizer) if o is not None]
+        self.rollout = rollout or build_rollout(cfg, self.models.actor, compute_dtype=self.precision.compute_dtype,
+                                                num_sessions=cfg.gen_global_batch, optimizers=optimizers,
+                                                data_parallel=dp.enabled)
         self._check_disk()
         fresh = self.run is None
         if dp.is_main:
@@ -336,52 +335,6 @@ class Trainer:
                 parallelize(token_rm, token_rm.backbone.blocks, device)
         self.models = RLModels(actor, reference, token_rm)
 
-    def _build_rollout(self) -> RolloutEngine:
-        """``rollout_engine``: the paged engine (``auto`` on CUDA) or ``PlainSampler`` (``auto`` on CPU)."""
-        cfg = self.cfg
-        name = cfg.rollout_engine
-        if name == "auto":
-            name = "paged" if self.device.type == "cuda" else "plain"
-        if name == "plain":
-            return PlainSampler(self._plain_rollout_model(), max_batch_size=self._rollout_batch_size(),
-                                kv_dtype=self.precision.compute_dtype)
-        # AdamW's two fp32 moments per trained parameter are allocated at the first optimiser step
-        optimizers = [self.actor_optimizer] + ([self.rm_optimizer] if self.rm_optimizer is not None else [])
-        reserve = sum(8 * p.numel() for o in optimizers if not o.state for g in o.param_groups for p in g["params"])
-        kv_bytes = kv_cache_bytes(self.device, gib=cfg.kv_cache_gib, memory_fraction=cfg.kv_cache_memory_fraction,
-                                  reserve_bytes=reserve)
-        config = EngineConfig(
-            max_model_len=cfg.gen_max_length, kv_cache_bytes=kv_bytes, block_size=cfg.kv_block_size,
-            max_num_seqs=min(cfg.max_num_seqs, cfg.gen_global_batch), max_prefill_batch=cfg.max_prefill_batch,
-            max_prefill_tokens=cfg.max_prefill_tokens, cuda_graph=cfg.cuda_graph, keep_cache=cfg.rollout_keep_cache)
-        try:
-            return PagedEngine(self.models.actor, config, dtype=self.precision.compute_dtype)
-        except ValueError as e:
-            key = "kv_cache_gib" if cfg.kv_cache_gib is not None else "kv_cache_memory_fraction"
-            raise ConfigError(f"{key} in {cfg.config_path}: {e}") from e
-
-    def _plain_rollout_model(self) -> Decoder:
-        """The actor itself, or under dp > 1 a whole copy in the compute dtype, refreshed after each
-        optimiser step: a sharded actor's forward is a collective, and ranks decode different
-        numbers of steps. It costs one unsharded model per rank (2 bytes per parameter in bf16)."""
-        actor = self.models.actor
-        if not self.dp.enabled:
-            return actor
-        self._rollout_copy = Decoder(actor.config, attn_backend="auto", device=self.device,
-                                     dtype=self.precision.compute_dtype).requires_grad_(False)
-        copy_full_weights(self._rollout_copy, actor)
-        return self._rollout_copy
-
-    def _rollout_batch_size(self) -> int:
-        """Sessions per batch of the plain sampler: the whole step on CPU; on a GPU as many as
-        a quarter of the free memory holds at gen_max_length (its KV cache is one contiguous row per
-        session, sized for the longest one)."""
-        if self.device.type != "cuda":
-            return self.cfg.gen_global_batch
-        free, _ = torch.cuda.mem_get_info(self.device)
-        per_session = self.models.actor.kv_bytes_per_token(self.precision.compute_dtype) * self.cfg.gen_max_length
-        return max(1, min(self.cfg.gen_global_batch, int(KV_CACHE_SHARE * free) // per_session))
-
     def _build_optimizers(self) -> None:
         """AdamW with torch defaults and weight decay on every parameter; the official LR stepping (1.2, 4.13)."""
         cfg = self.cfg
@@ -436,10 +389,8 @@ class Trainer:
         actor_grad_norm, rm_grad_norm = self.optimizer_steps(update_actor and bool(kept))  # 4.12
         rl_time = time.perf_counter() - t_rl
         peaks.end_phase("rl")
-        if update_actor and kept and self._rollout_copy is not None:
-            copy_full_weights(self._rollout_copy, self.models.actor)
-        elif update_actor and kept and hasattr(self.rollout, "sync_weights"):
-            self.rollout.sync_weights(self.models.actor)  # the paged engine's weight copy follows the actor
+        if update_actor and kept:  # the rollout's weights follow the actor
+            self.rollout.sync_weights(full_weights(self.models.actor))
         return self._step_metrics(
             step, batch, rewards, kept, sums, judge_counters, peaks,
             actor_lr=actor_lr if update_actor else 0.0, rm_lr=rm_lr,
@@ -460,16 +411,8 @@ class Trainer:
         prompts = self.dp.strided(self.sampler.batch(step))
         records = repeat_k([self.records[i] for i in prompts], cfg.prompt_repeat_k)
         prompt_ids = [self._prompt_token_ids(r) for r in records]
-        params = SamplingParams(
-            max_new_tokens=cfg.gen_max_new, max_length=cfg.gen_max_length, top_k=cfg.gen_top_k,
-            top_p=cfg.gen_top_p, temperature=cfg.temperature, do_sample=cfg.gen_do_sample,
-            stop_token_ids=(self.stop_token_id,))
-        actor = self.models.actor
         t0 = time.perf_counter()
-        actor.eval()
-        with torch.no_grad(), self.precision.autocast():
-            responses = self.rollout.generate(prompt_ids, params, self.sampling_generator)
-        actor.train()
+        responses = self.rollout.generate(prompt_ids, self.sampling_params, self.sampling_generator)
         gen_time = time.perf_counter() - t0
         texts = self.tokenizer.batch_decode(responses, skip_special_tokens=False)
         return StepBatch(records, prompt_ids, responses, texts), gen_time
@@ -598,7 +541,7 @@ class Trainer:
             "judge_time": judge_time,
             **{f"max_memory_{name}": gib for name, gib in peaks.phases.items()},
             **{f"judger_{k}": v for k, v in judge_counters.items()},
-            **{f"rollout_{k}": v for k, v in getattr(self.rollout, "last_stats", {}).items()},
+            **{f"rollout_{k}": v for k, v in self.rollout.stats().items()},
         }
         return metrics
 
@@ -680,8 +623,7 @@ class Trainer:
         through the run's rollout and judger; not part of the official trainer."""
         self._phase("validate")
         t0 = time.perf_counter()
-        with torch.no_grad(), self.precision.autocast():
-            result = self.evaluator.evaluate(self.rollout, self.router)
+        result = self.evaluator.evaluate(self.rollout, self.router)
         self.metrics.write_validation(steps_done, {**result.metrics(), "val_time": time.perf_counter() - t0})
 
     def fit(self) -> str:

@@ -1,14 +1,18 @@
 """The rollout interface: prompts (token ids) in, response token ids out.
 
 `SamplingParams` carries the official generation settings (reference 4.2); `RolloutEngine` is
-the protocol every engine implements; `new_token_limits` and `finished` are the one stop rule both
-engines apply. Engines work on token ids only: chat templates and decoding belong to the caller.
+the protocol every engine implements (`rollout.build.build_rollout` makes the configured one);
+`new_token_limits` and `finished` are the one stop rule both engines apply. Engines work on token
+ids only: chat templates and decoding belong to the caller. An engine owns how it runs: eval
+mode, no autograd, its compute dtype; the caller gives it nothing but prompts, settings, a
+generator and, after each optimiser step, the actor's weights.
 Invariant: a response ends with its stop token when it stopped on one (the token is kept).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Protocol
 
 import torch
@@ -53,6 +57,21 @@ class RolloutEngine(Protocol):
         Returns:
             Response token ids per prompt, same order; the stop token is kept as the last token.
         """
+        ...
+
+    def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Take the actor's new weights (after an optimiser step).
+
+        Args:
+            weights: ``(name, whole tensor)`` per entry of the actor's state dict, in any dtype
+                (``parallel.full_weights``: under data parallelism every rank iterates, since
+                each item gathers a sharded tensor). An engine that generates with the actor's
+                own parameters has nothing to copy and may leave the iterator unread.
+        """
+        ...
+
+    def stats(self) -> dict[str, float]:
+        """Numbers about the last `generate` call (logged as ``rollout_<name>`` in the step's metrics)."""
         ...
 
 

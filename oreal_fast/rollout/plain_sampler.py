@@ -9,10 +9,14 @@ Invariant: responses come back in prompt order, whatever order sessions finish i
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterable
+
 import torch
 import torch.nn.functional as F
 
 from oreal_fast.model.decoder import Decoder
+from oreal_fast.parallel import full_weights, load_weights
 from oreal_fast.rollout.base import SamplingParams, check_prompts, finished, new_token_limits
 from oreal_fast.rollout.sampling import sample_next_token
 
@@ -78,31 +82,64 @@ def _attend_rows(q: torch.Tensor, ck: torch.Tensor, cv: torch.Tensor, rows: torc
 class PlainSampler:
     """Implements `RolloutEngine` with a contiguous KV cache and one decode forward per token.
 
-    `kv_dtype` is the dtype q, k, v reach attention in: the compute dtype (bf16 under autocast),
-    which for fp32 masters differs from the parameter dtype. Default: the parameter dtype.
+    Args:
+        actor: the model that generates.
+        max_batch_size: sessions decoded together.
+        compute_dtype: the dtype the forwards compute in and the KV cache holds (default the
+            actor's parameter dtype). Fp32 masters on CUDA with a lower compute dtype run under
+            autocast, as the RL phase does.
+        own_copy: generate with a whole copy of the actor in ``compute_dtype``, refreshed by
+            ``sync_weights``, instead of the actor's own parameters. Needed under data parallelism:
+            a sharded actor's forward is a collective, and ranks decode different numbers of steps.
+            It costs one unsharded model per rank (2 bytes per parameter in bf16).
     """
 
-    def __init__(self, model: Decoder, *, max_batch_size: int, kv_dtype: torch.dtype | None = None) -> None:
+    def __init__(self, actor: Decoder, *, max_batch_size: int, compute_dtype: torch.dtype | None = None,
+                 own_copy: bool = False) -> None:
         if max_batch_size < 1:
             raise ValueError(f"PlainSampler.max_batch_size = {max_batch_size}: must be >= 1")
-        self.model = model
         self.max_batch_size = max_batch_size
-        self.kv_dtype = kv_dtype or model.embed.weight.dtype
+        self.kv_dtype = compute_dtype or actor.embed.weight.dtype
+        self.own_copy = own_copy
+        self.model = actor
+        if own_copy:
+            self.model = Decoder(actor.config, attn_backend="auto", device=actor.embed.weight.device,
+                                 dtype=self.kv_dtype).requires_grad_(False)
+            self.sync_weights(full_weights(actor))
+        self.device = self.model.embed.weight.device
+        # as the RL phase's forwards: autocast on CUDA to any compute dtype below fp32
+        self._autocast = self.device.type == "cuda" and self.kv_dtype != torch.float32
+        self._stats: dict[str, float] = {}
+
+    def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy the actor's weights into the own copy; without one the actor's parameters are
+        already the new weights and ``weights`` is left unread."""
+        if self.own_copy:
+            load_weights(self.model, weights)
+
+    def stats(self) -> dict[str, float]:
+        """New tokens, seconds and tokens per second of the last `generate` call."""
+        return dict(self._stats)
 
     def generate(
         self, prompts: list[list[int]], params: SamplingParams, generator: torch.Generator
     ) -> list[list[int]]:
         """Sample one response per prompt (see `RolloutEngine.generate`)."""
         check_prompts(prompts, params)
+        t0 = time.perf_counter()
         was_training = self.model.training
         self.model.eval()
+        autocast = torch.autocast(self.device.type, dtype=self.kv_dtype, enabled=self._autocast)
         try:
-            with torch.no_grad():
+            with torch.no_grad(), autocast:
                 out = []
                 for start in range(0, len(prompts), self.max_batch_size):
                     out += self._generate_batch(prompts[start : start + self.max_batch_size], params, generator)
         finally:
             self.model.train(was_training)
+        seconds = time.perf_counter() - t0
+        generated = sum(len(r) for r in out)
+        self._stats = {"generated_tokens": generated, "time_s": seconds, "tokens_per_s": generated / max(seconds, 1e-9)}
         return out
 
     def _next_tokens(self, ids, positions, cu, max_seqlen, view, last, params, generator) -> torch.Tensor:

@@ -41,12 +41,12 @@ def test_greedy_equals_plain_sampler_token_for_token(models, block_size, max_num
     expected = [r[:c] for r, c in zip(expected, caps)]
     e = engine(ours, block_size=block_size, blocks=4000 // block_size, max_prefill_batch=2, max_num_seqs=max_num_seqs)
     assert e.generate(PROMPTS, params, torch.Generator(), max_new_per_prompt=caps) == expected
-    assert e.last_stats["generated_tokens"] == sum(caps)
+    assert e.stats()["generated_tokens"] == sum(caps)
     if max_num_seqs >= len(PROMPTS):  # all decode together: a row with cap c takes part in c - 1 steps
-        assert e.last_stats["decode_steps"] == max(caps) - 1
-        assert e.last_stats["mean_live_batch"] == pytest.approx((sum(caps) - len(caps)) / (max(caps) - 1))
+        assert e.stats()["decode_steps"] == max(caps) - 1
+        assert e.stats()["mean_live_batch"] == pytest.approx((sum(caps) - len(caps)) / (max(caps) - 1))
     else:
-        assert e.last_stats["mean_live_batch"] <= max_num_seqs
+        assert e.stats()["mean_live_batch"] <= max_num_seqs
     assert_pool_empty(e)
 
 
@@ -83,12 +83,12 @@ def test_tiny_pool_preempts_and_gives_the_big_pools_tokens(models, static_shapes
     _, ours = models
     big = engine(ours, blocks=400)
     expected = big.generate(PROMPTS, greedy(30), torch.Generator())
-    assert big.last_stats["preemptions"] == 0
+    assert big.stats()["preemptions"] == 0
     tiny = engine(ours, blocks=18)  # 16 blocks of 4 hold one 64-token sequence, barely more
     tiny.runner.static_shapes = static_shapes  # graph shapes: padding rows after preemptions write the null block
     assert tiny.generate(PROMPTS, greedy(30), torch.Generator()) == expected
-    assert tiny.last_stats["preemptions"] > 0 and tiny.last_stats["recomputed_tokens"] > 0
-    assert tiny.last_stats["peak_kv_use"] == 1.0
+    assert tiny.stats()["preemptions"] > 0 and tiny.stats()["recomputed_tokens"] > 0
+    assert tiny.stats()["peak_kv_use"] == 1.0
     assert_pool_empty(tiny)
 
 
@@ -97,9 +97,9 @@ def test_prefix_sharing_saves_the_full_prompt_blocks_of_every_extra_sample(model
     e = engine(ours, block_size=4)
     e.generate(PROMPTS, greedy(3), torch.Generator())
     # full blocks of 4: prompt 0 (5 tokens) 1 x 2 extra samples, prompt 2 (9 tokens) 2 x 3 extra samples
-    assert e.last_stats["kv_blocks_saved"] == 1 * 2 + 2 * 3
+    assert e.stats()["kv_blocks_saved"] == 1 * 2 + 2 * 3
     prompt_tokens = 3 * 5 + 1 + 4 * 9 + 2
-    assert e.last_stats["prefix_hit_rate"] == pytest.approx(1 - (5 + 1 + 9 + 2) / prompt_tokens)
+    assert e.stats()["prefix_hit_rate"] == pytest.approx(1 - (5 + 1 + 9 + 2) / prompt_tokens)
 
 
 def test_per_prompt_limits_and_a_freed_cache_rebuilt(models):
@@ -161,7 +161,7 @@ def test_first_token_frequencies_follow_the_reference_rule(models, rule):
     params = SamplingParams(max_new_tokens=1, max_length=16, **rule)
     e = engine(ours, max_model_len=16, max_num_seqs=n, blocks=n + 100)
     got = e.generate([BASE[2]] * n, params, torch.Generator().manual_seed(0))
-    assert e.last_stats["prefix_hit_rate"] == pytest.approx(1 - 1 / n)
+    assert e.stats()["prefix_hit_rate"] == pytest.approx(1 - 1 / n)
     tokens = torch.tensor([r[0] for r in got])
     with torch.no_grad():
         ids = torch.tensor(BASE[2])

@@ -95,4 +95,4 @@ def test_cuda_graph_decode_equals_eager_decode(model, prompts, block_size, do_sa
     a = graphs.generate(prompts, params, torch.Generator("cuda").manual_seed(3))
     b = eager.generate(prompts, params, torch.Generator("cuda").manual_seed(3))
     assert a == b
-    assert graphs.last_stats["decode_steps"] == NEW - 1  # the first token comes from the prefill
+    assert graphs.stats()["decode_steps"] == NEW - 1  # the first token comes from the prefill

@@ -100,6 +100,12 @@ class ScriptedRollout:
             out.append(ids + [self.stop_token_id])
         return out
 
+    def sync_weights(self, weights):
+        pass  # scripted texts do not depend on the weights
+
+    def stats(self):
+        return {}
+
 
 class KeywordRouter:
     """Reward +1 iff the response contains ``keyword``; stateless, like a real judger."""

@@ -180,6 +180,12 @@ class KeyedRollout:
                        + [self.stop_token_id])
         return out
 
+    def sync_weights(self, weights):
+        pass  # keyed texts do not depend on the weights
+
+    def stats(self):
+        return {}
+
 
 def _fit(cfg_path: str, dp: DataParallel) -> str:
     tok = make_tokenizer()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,11 +109,15 @@ class PagedEngine:
         self.device = self.runner.device
         self.sample_impl = "triton" if self.device.type == "cuda" else "eager"
         self.runner.allocate()
-        self.last_stats: dict[str, float] = {}
+        self._stats: dict[str, float] = {}
 
-    def sync_weights(self, actor: Decoder) -> None:
-        """Refresh the weight copy from the actor, in place (call after each optimiser step)."""
-        self.runner.sync_weights(actor)
+    def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Refresh the weight copy in place (see `RolloutEngine.sync_weights`)."""
+        self.runner.sync_weights(weights)
+
+    def stats(self) -> dict[str, float]:
+        """The last `generate` call: tokens, time, decode steps, live batch, KV use, prefix sharing, preemption."""
+        return dict(self._stats)
 
     def generate(
         self, prompts: list[list[int]], params: SamplingParams, generator: torch.Generator,
@@ -215,7 +220,7 @@ class PagedEngine:
     def _record_stats(self, out: list[list[int]], steps: int, live: int, seconds: float) -> None:
         s = self.scheduler.stats
         generated = sum(len(r) for r in out)
-        self.last_stats = {
+        self._stats = {
             "generated_tokens": generated,
             "tokens_per_s": generated / max(seconds, 1e-9),
             "time_s": seconds,

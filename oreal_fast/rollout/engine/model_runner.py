@@ -26,6 +26,8 @@ place, so captured graphs stay valid; rows >= num_rows are zero.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -33,7 +35,7 @@ import torch.nn.functional as F
 from oreal_fast.kernels.paged_attention import paged_decode_attention
 from oreal_fast.model.attention import make_backend
 from oreal_fast.model.decoder import Decoder
-from oreal_fast.parallel import copy_full_weights
+from oreal_fast.parallel import full_weights, load_weights
 from oreal_fast.rollout.base import finished
 
 
@@ -110,7 +112,7 @@ class ModelRunner:
         self.model = Decoder(c, attn_backend="auto", device=device, dtype=dtype,
                              inference_kernels=device.type == "cuda").requires_grad_(False).eval()
         self.prefill_backend = make_backend(self.model.attn_backend)
-        self.sync_weights(actor)
+        self.sync_weights(full_weights(actor))
         R, M = max_num_seqs, self.max_blocks_per_seq
         zeros = lambda *shape, dtype=torch.int64: torch.zeros(shape, dtype=dtype, device=device)  # noqa: E731
         self.input_ids, self.positions, self.num_new = zeros(R), zeros(R), zeros(R)
@@ -127,11 +129,10 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ memory
 
-    @torch.no_grad()
-    def sync_weights(self, actor: Decoder) -> None:
-        """Copy the actor's weights into the persistent copy, in place (cast to the compute dtype);
-        an FSDP2 actor's shards are gathered one tensor at a time (every rank calls this)."""
-        copy_full_weights(self.model, actor)
+    def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy the actor's weights (``(name, whole tensor)`` pairs, see `RolloutEngine.sync_weights`)
+        into the persistent copy, in place, cast to the compute dtype."""
+        load_weights(self.model, weights)
 
     def allocate(self) -> None:
         """The KV pool and, with CUDA graphs, the logits buffer and the captured graphs."""
