@@ -24,16 +24,18 @@ graph captures them. RMSNorm: one program per row (H <= 16384 in one block). Rop
 token, all its heads. SwiGLU: flat blocks of 1024 elements.
 
 Forward only, no autograd: the rollout engine's weight copy uses them (`Decoder(...,
-inference_kernels=True)`); the trained models keep the eager ops, whose backward autograd derives.
+trunk_ops=INFERENCE_OPS)`); the trained models keep the eager ops of `oreal_fast.model.decoder`,
+whose backward autograd derives. The twins here are those eager ops with the kernels' signature.
 On CPU the Triton path runs only under TRITON_INTERPRET=1.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+from oreal_fast.model import decoder as model
 
 IMPLS = ("triton", "eager")
 _SILU_BLOCK = 1024
@@ -54,10 +56,8 @@ def _rms_norm_kernel(X_ptr, W_ptr, Out_ptr, H, stride_x, stride_out, eps, BLOCK:
 
 
 def rms_norm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float, *, impl: str = "eager") -> torch.Tensor:
-    """The eager twin (same arguments and result as `rms_norm`)."""
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
+    """The eager twin (same arguments and result as `rms_norm`): the model's own op."""
+    return model.rms_norm(x, weight, eps)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, impl: str = "triton") -> torch.Tensor:
@@ -114,10 +114,8 @@ def _rope_kernel(X_ptr, Cos_ptr, Sin_ptr, Out_ptr, heads, stride_xt, stride_xh, 
 
 
 def apply_rope_eager(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, impl: str = "eager") -> torch.Tensor:
-    """The eager twin (same arguments and result as `apply_rope`)."""
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+    """The eager twin (same arguments and result as `apply_rope`): the model's own op."""
+    return model.apply_rope(x, cos, sin)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, impl: str = "triton") -> torch.Tensor:
@@ -160,8 +158,8 @@ def _silu_mul_kernel(G_ptr, U_ptr, Out_ptr, N, BLOCK: tl.constexpr):
 
 
 def silu_mul_eager(gate: torch.Tensor, up: torch.Tensor, *, impl: str = "eager") -> torch.Tensor:
-    """The eager twin (same arguments and result as `silu_mul`)."""
-    return F.silu(gate) * up
+    """The eager twin (same arguments and result as `silu_mul`): the model's own op."""
+    return model.silu_mul(gate, up)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, impl: str = "triton") -> torch.Tensor:
@@ -190,3 +188,7 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, impl: str = "triton") -> t
 def _check_impl(impl: str, name: str) -> None:
     if impl not in IMPLS:
         raise ValueError(f"{name}: impl must be one of {IMPLS}, got {impl!r}")
+
+
+# One Triton kernel per op, forward only: the rollout engine's weight copy on CUDA.
+INFERENCE_OPS = model.TrunkOps(rms_norm, apply_rope, silu_mul)

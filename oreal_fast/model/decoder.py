@@ -16,9 +16,10 @@ Precision: q, k and v reach attention in one dtype, the dtype of the q/k/v proje
 autocast, the parameter dtype otherwise): the rope tables are cast to it. The attention backend is
 picked at construction for the *compute* dtype (`compute_dtype`, default the parameter dtype).
 
-Elementwise ops (RMSNorm, rope, SwiGLU) come from `TrunkOps`: the eager, differentiable forms by
-default; one Triton kernel each, forward only, with `inference_kernels=True` (the rollout
-engine's weight copy). Their math is written out in `oreal_fast.kernels.trunk_inference`.
+Elementwise ops (RMSNorm, rope, SwiGLU) come from `TrunkOps`: the eager, differentiable forms
+below by default (`EAGER_OPS`); a caller may pass fused kernels of the same math (the rollout
+engine's copy passes `oreal_fast.kernels.trunk_inference.INFERENCE_OPS`). This module imports no
+Triton; the kernel files take the eager forms here as their oracle.
 
 Not here: HF name mapping and file I/O (`hf_io.py`), attention kernels (`attention.py`).
 Invariant: numerics follow transformers' Llama/Qwen2 modules op for op (fp32 RMSNorm statistics,
@@ -34,8 +35,8 @@ from typing import Any, Callable, Protocol
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
-from oreal_fast.kernels import trunk_inference as trunk
 from oreal_fast.model.attention import AttentionBackend, make_backend, resolve_backend_name
 
 ROPE_TYPES = ("default", "linear", "llama3")
@@ -131,9 +132,30 @@ def rope_table(config: DecoderConfig, device: torch.device) -> torch.Tensor:
     return torch.stack((emb.cos(), emb.sin()), dim=1)  # (P, 2, D)
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """weight * normalised x, the statistics in fp32 and the normalised x rounded to x's dtype
+    before the weight multiplies it (transformers' Llama/Qwen2 RMSNorm)."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [T, heads, D] by the half-split convention of HF Llama checkpoints; cos, sin
+    [T, 1, D] fp32 rows of `rope_table`, cast to x's dtype first as transformers does."""
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's activation: silu(gate) * up."""
+    return F.silu(gate) * up
+
+
 @dataclass(frozen=True)
 class TrunkOps:
-    """The elementwise ops of the trunk (math and numerics: `oreal_fast.kernels.trunk_inference`)."""
+    """The elementwise ops of the trunk, each with the signature of the eager form above."""
 
     rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
     apply_rope: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # x [T, heads, D], cos, sin
@@ -141,9 +163,7 @@ class TrunkOps:
 
 
 # Eager ops, differentiable: training and every model autograd sees.
-EAGER_OPS = TrunkOps(trunk.rms_norm_eager, trunk.apply_rope_eager, trunk.silu_mul_eager)
-# One Triton kernel per op, forward only: the rollout engine's weight copy on CUDA.
-INFERENCE_OPS = TrunkOps(trunk.rms_norm, trunk.apply_rope, trunk.silu_mul)
+EAGER_OPS = TrunkOps(rms_norm, apply_rope, silu_mul)
 
 
 class AttentionCache(Protocol):
@@ -226,18 +246,18 @@ class Decoder(nn.Module):
     Construct on device="meta" to allocate nothing, then `to_empty(device=...)` and either
     `init_weights()` or load a state dict. Parameter names are those of `hf_io.HF_NAME_MAP`.
     `compute_dtype` is the dtype the matmuls run in (bf16 for fp32 masters under autocast); the
-    attention backend is chosen for it, not for the parameter dtype. `inference_kernels=True` runs
-    RMSNorm, rope and SwiGLU as one Triton kernel each, without autograd (the rollout engine's copy).
+    attention backend is chosen for it, not for the parameter dtype. `trunk_ops` are the elementwise
+    ops (default the eager, differentiable ones).
     """
 
     def __init__(
         self, config: DecoderConfig, *, attn_backend: str = "auto", with_lm_head: bool = True,
         device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-        compute_dtype: torch.dtype | None = None, inference_kernels: bool = False,
+        compute_dtype: torch.dtype | None = None, trunk_ops: TrunkOps = EAGER_OPS,
     ) -> None:
         super().__init__()
         self.config = config
-        self.ops = INFERENCE_OPS if inference_kernels else EAGER_OPS
+        self.ops = trunk_ops
         factory = {"device": device, "dtype": dtype}
         compute_dtype = compute_dtype or dtype or torch.get_default_dtype()
         # "auto" resolves for `device`; a model built on meta and moved later should name its backend

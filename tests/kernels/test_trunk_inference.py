@@ -1,5 +1,5 @@
 """rms_norm, apply_rope, silu_mul: the Triton kernels against their eager twins on fresh random
-inputs, and a whole decoder forward with `inference_kernels=True` against the eager one.
+inputs, and a whole decoder forward with `trunk_ops=INFERENCE_OPS` against the eager one.
 
 CPU: fp32 under TRITON_INTERPRET=1, small shapes. GPU: bf16 at the Qwen2.5-0.5B decode shapes.
 Tolerances: rope rounds where the eager ops round, but the GPU compiler may contract a product
@@ -16,6 +16,7 @@ import torch
 
 from oreal_fast.kernels import (apply_rope, apply_rope_eager, rms_norm, rms_norm_eager, silu_mul,
                                 silu_mul_eager)
+from oreal_fast.kernels.trunk_inference import INFERENCE_OPS
 from oreal_fast.model.decoder import Decoder, DecoderConfig, rope_table
 
 
@@ -112,7 +113,7 @@ def test_decoder_with_inference_kernels_matches_eager_decoder(device):
     torch.manual_seed(0)
     eager = Decoder(cfg, device=device, dtype=dtype, attn_backend="sdpa")
     eager.init_weights()
-    fused = Decoder(cfg, device=device, dtype=dtype, attn_backend="sdpa", inference_kernels=True)
+    fused = Decoder(cfg, device=device, dtype=dtype, attn_backend="sdpa", trunk_ops=INFERENCE_OPS)
     fused.load_state_dict(eager.state_dict())
     lens = [5, 11, 1]
     ids = torch.randint(0, cfg.vocab_size, (sum(lens),), device=device)

@@ -11,6 +11,7 @@ Measured on an H200 (torch 2.11): max 0.136 vs 0.127, mean 0.01421 vs 0.01420.
 import pytest
 import torch
 
+from oreal_fast.kernels.trunk_inference import INFERENCE_OPS
 from oreal_fast.model import Decoder, benchmark_forward, decoder_from_hf
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -56,7 +57,7 @@ def test_bf16_packed_16k_matches_transformers_within_its_own_bf16_error(setup, b
     ours = decoder_from_hf(config, state, dtype=torch.bfloat16, device="cuda", attn_backend=backend).eval()
     if inference_kernels:  # the rollout engine's copy: Triton RMSNorm, rope and SwiGLU
         fused = Decoder(ours.config, attn_backend=backend, device="cuda", dtype=torch.bfloat16,
-                        inference_kernels=True).eval()
+                        trunk_ops=INFERENCE_OPS).eval()
         fused.load_state_dict(ours.state_dict())
         ours = fused
     with torch.no_grad():

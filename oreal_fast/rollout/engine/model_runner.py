@@ -34,7 +34,8 @@ import torch.nn.functional as F
 
 from oreal_fast.kernels.paged_attention import paged_decode_attention
 from oreal_fast.model.attention import make_backend
-from oreal_fast.model.decoder import Decoder
+from oreal_fast.kernels.trunk_inference import INFERENCE_OPS
+from oreal_fast.model.decoder import EAGER_OPS, Decoder
 from oreal_fast.parallel import full_weights, load_weights
 from oreal_fast.rollout.base import finished
 
@@ -109,8 +110,9 @@ class ModelRunner:
         self.attn_impl = "triton" if device.type == "cuda" else "eager"
         c = actor.config
         # on CUDA the copy runs RMSNorm, rope and SwiGLU as one Triton kernel each (forward only)
+        ops = INFERENCE_OPS if device.type == "cuda" else EAGER_OPS
         self.model = Decoder(c, attn_backend="auto", device=device, dtype=dtype,
-                             inference_kernels=device.type == "cuda").requires_grad_(False).eval()
+                             trunk_ops=ops).requires_grad_(False).eval()
         self.prefill_backend = make_backend(self.model.attn_backend)
         self.sync_weights(full_weights(actor))
         R, M = max_num_seqs, self.max_blocks_per_seq
