@@ -41,6 +41,7 @@ import torch
 from tqdm import tqdm
 
 from oreal_fast import checkpoint as ckpt
+from oreal_fast import oom
 from oreal_fast.algo import (
     ActorMetricSums,
     LossCoefficients,
@@ -677,6 +678,12 @@ class Trainer:
             e.args = (f"{e}; {self._on_disk(done)[0]}",)
             e.resume_dir = self._on_disk(done)[1]
             raise
+        except torch.OutOfMemoryError as e:
+            error = oom.explain(e, phase=self.stop.phase, step=done + 1, device=self.device,
+                                cap_gib=cfg.gpu_memory_limit_gib)
+            error.args = (f"{error}; {self._on_disk(done)[0]}",)
+            error.resume_dir = self._on_disk(done)[1]
+            raise error from None
         finally:
             self._progress.close()
             self.metrics.close()

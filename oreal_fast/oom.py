@@ -1,0 +1,69 @@
+"""A step that runs out of GPU memory ends with one line that says where and what would fit it.
+
+``torch.OutOfMemoryError`` names the bytes it failed to allocate and little else. The trainer turns
+it into :class:`StepOutOfMemory`, which names the phase it happened in (generate, judge, rl,
+checkpoint, validate), the peak allocated memory of the step so far, the cap
+(``gpu_memory_limit_gib`` or the card), and the config keys that would make that phase fit. The
+command line prints it with the resume state on disk and the command that continues the run.
+
+What this module does not do: recover. The paged engine preempts and recomputes sequences when
+its KV pool is full (that never allocates); memory beyond the pool is activations and the
+optimiser, which only a smaller setting shrinks. Invariant: nothing is written after the error:
+a checkpoint is either complete and verified, or absent (``run_dir``'s atomic writes), so the last
+verified state stays the resume point.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the command line imports this module before torch is needed
+    import torch
+
+# What shrinks each phase's memory, most effective first.
+KNOBS = {
+    "generate": ("kv_cache_gib or kv_cache_memory_fraction (the KV pool)", "max_num_seqs",
+                 "max_prefill_tokens", "gen_max_length"),
+    "validate": ("kv_cache_gib or kv_cache_memory_fraction (the KV pool)", "max_num_seqs",
+                 "max_prefill_tokens", "val_samples_per_problem"),
+    "rl": ("rl_micro_batch_tokens (tokens per micro-batch)", "selective_recompute (1.0 recomputes every block)",
+           "kv_cache_gib (the pool the engine keeps while the RL phase runs)", "rollout_keep_cache False"),
+    "checkpoint": ("keep_resume_states 0", "rl_micro_batch_tokens"),
+}
+DEFAULT_KNOBS = ("rl_micro_batch_tokens", "kv_cache_gib", "gpu_memory_limit_gib")
+
+
+class StepOutOfMemory(RuntimeError):
+    """The GPU ran out of memory in one phase of a step.
+
+    Attributes:
+        phase: the phase it happened in (the trainer's phase names).
+        step: the 1-based step.
+        resume_dir: the run folder ``--resume`` continues, or None when no state is on disk (set
+            by the trainer on the way up).
+    """
+
+    def __init__(self, message: str, phase: str, step: int) -> None:
+        super().__init__(message)
+        self.phase = phase
+        self.step = step
+        self.resume_dir: str | None = None
+
+
+def explain(error: torch.OutOfMemoryError, *, phase: str, step: int, device: torch.device,
+            cap_gib: float | None) -> StepOutOfMemory:
+    """The one-line account of ``error`` (see the module docstring)."""
+    import torch
+
+    first_line = str(error).splitlines()[0] if str(error) else "CUDA out of memory"
+    if device.type == "cuda":
+        # the trainer resets the peak at each phase boundary: this is the failing phase's peak
+        peak = f"{torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB allocated in this phase"
+        total = torch.cuda.get_device_properties(device).total_memory / 2**30
+        cap = f"{cap_gib:g} GiB (gpu_memory_limit_gib)" if cap_gib is not None else f"{total:.1f} GiB (the card)"
+    else:
+        peak, cap = "not measured off CUDA", "none"
+    knobs = "; ".join(KNOBS.get(phase, DEFAULT_KNOBS))
+    message = (f"out of GPU memory in step {step}, phase {phase}: peak {peak}, cap {cap} ({first_line}); "
+               f"lower one of: {knobs}")
+    return StepOutOfMemory(message, phase, step)
