@@ -20,17 +20,19 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the command line imports this module before torch is needed
     import torch
 
-# What shrinks each phase's memory, most effective first.
+# What would make each phase fit, most effective first.
+POOL = "a smaller kv_cache_gib or kv_cache_memory_fraction (the KV pool)"
 KNOBS = {
-    "generate": ("kv_cache_gib or kv_cache_memory_fraction (the KV pool)", "max_num_seqs",
-                 "max_prefill_tokens", "gen_max_length"),
-    "validate": ("kv_cache_gib or kv_cache_memory_fraction (the KV pool)", "max_num_seqs",
-                 "max_prefill_tokens", "val_samples_per_problem"),
-    "rl": ("rl_micro_batch_tokens (tokens per micro-batch)", "selective_recompute (1.0 recomputes every block)",
-           "kv_cache_gib (the pool the engine keeps while the RL phase runs)", "rollout_keep_cache False"),
-    "checkpoint": ("keep_resume_states 0", "rl_micro_batch_tokens"),
+    "start": ("a higher gpu_memory_limit_gib or a larger card", POOL,
+              "a smaller max_num_seqs (the engine's buffers and CUDA graphs)"),
+    "generate": (POOL, "a smaller max_num_seqs", "a smaller max_prefill_tokens", "a smaller gen_max_length"),
+    "validate": (POOL, "a smaller max_num_seqs", "a smaller max_prefill_tokens", "a smaller val_samples_per_problem"),
+    "rl": ("a smaller rl_micro_batch_tokens (tokens per micro-batch)",
+           "selective_recompute up to 1.0 (recompute every block)",
+           "a smaller kv_cache_gib (the pool stays allocated while the RL phase runs)", "rollout_keep_cache False"),
+    "checkpoint": ("keep_resume_states 0", "a smaller rl_micro_batch_tokens"),
 }
-DEFAULT_KNOBS = ("rl_micro_batch_tokens", "kv_cache_gib", "gpu_memory_limit_gib")
+DEFAULT_KNOBS = ("a smaller rl_micro_batch_tokens", POOL, "a higher gpu_memory_limit_gib")
 
 
 class StepOutOfMemory(RuntimeError):
@@ -38,19 +40,19 @@ class StepOutOfMemory(RuntimeError):
 
     Attributes:
         phase: the phase it happened in (the trainer's phase names).
-        step: the 1-based step.
+        step: the 1-based step, or None at start-up (loading models, building the engine).
         resume_dir: the run folder ``--resume`` continues, or None when no state is on disk (set
             by the trainer on the way up).
     """
 
-    def __init__(self, message: str, phase: str, step: int) -> None:
+    def __init__(self, message: str, phase: str, step: int | None) -> None:
         super().__init__(message)
         self.phase = phase
         self.step = step
         self.resume_dir: str | None = None
 
 
-def explain(error: torch.OutOfMemoryError, *, phase: str, step: int, device: torch.device,
+def explain(error: torch.OutOfMemoryError, *, phase: str, step: int | None, device: torch.device,
             cap_gib: float | None) -> StepOutOfMemory:
     """The one-line account of ``error`` (see the module docstring)."""
     import torch
@@ -64,6 +66,6 @@ def explain(error: torch.OutOfMemoryError, *, phase: str, step: int, device: tor
     else:
         peak, cap = "not measured off CUDA", "none"
     knobs = "; ".join(KNOBS.get(phase, DEFAULT_KNOBS))
-    message = (f"out of GPU memory in step {step}, phase {phase}: peak {peak}, cap {cap} ({first_line}); "
-               f"lower one of: {knobs}")
+    where = f"in step {step}, phase {phase}" if step is not None else "at start-up"
+    message = f"out of GPU memory {where}: peak {peak}, cap {cap} ({first_line}); to fit, try: {knobs}"
     return StepOutOfMemory(message, phase, step)

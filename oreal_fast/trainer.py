@@ -741,7 +741,12 @@ def train(cfg: TrainConfig, stop: StopSignals | None = None) -> str:
     logging.basicConfig(level=level if dp.is_main else logging.WARNING,  # rank 0 tells the story
                         format="%(asctime)s %(levelname)s %(message)s")
     try:
-        run_dir = Trainer(cfg, stop=stop, dp=dp).fit()
+        try:
+            trainer = Trainer(cfg, stop=stop, dp=dp)
+        except torch.OutOfMemoryError as e:
+            raise oom.explain(e, phase="start", step=None, device=resolve_device(cfg.device),
+                              cap_gib=cfg.gpu_memory_limit_gib) from None
+        run_dir = trainer.fit()
     finally:
         close_data_parallel()
     if dp.is_main:
