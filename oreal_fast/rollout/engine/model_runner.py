@@ -1,9 +1,14 @@
 """The tensors of the rollout engine: the bf16 weight copy, the KV pool, the running rows'
 device state, and the decode step (eager or one CUDA graph per batch bucket).
 
+Weight copy: an `InferenceModel` (q|k|v and gate|up packed, fused elementwise kernels on CUDA),
+refreshed in place by `sync_weights` from the Decoder's `(name, tensor)` pairs.
+
 KV pool: one tensor [num_layers, 2 (k, v), num_blocks, block_size, Hkv, D] in the compute dtype;
 layer l's caches are the contiguous views `kv[l, 0]` and `kv[l, 1]`, so one indexing op copies a
-block in every layer (copy-on-write of a forked prompt's last block).
+block in every layer (copy-on-write of a forked prompt's last block). The caches of one forward
+(`PrefillCache`, `DecodeCache`) take each layer's un-roped q|k|v GEMM output: one kernel
+(`rope_write_kv`) ropes q and k and writes k, v at the tokens' slots, then they attend.
 
 Row state (device, `max_num_seqs` rows, the first `num_rows` live, in the scheduler's row order):
 `input_ids` (the pending token), `positions` (its position), `block_tables`
@@ -16,8 +21,22 @@ nothing reads.
 
 CUDA graphs: one per batch bucket (1, 2, 4, 8, 16, 32, then steps of 32 to 256 and of 64 beyond,
 up to max_num_seqs), captured largest first into one shared memory pool, each after one eager step;
-each runs embedding -> blocks -> final norm -> LM head into the static `logits` buffer
+each runs embedding -> layers -> final norm -> LM head into the static `logits` buffer
 [max_num_seqs, V] (compute dtype). Sampling and the stop check run after the replay.
+
+Kernels of one decode step on CUDA, per layer (9, or 10 when attention splits the context; cuBLAS
+may add one to a GEMM, e.g. a split-K reduction):
+  1. add_rms_norm (the previous MLP's output into the residual stream, then attn_norm)
+  2. q|k|v GEMM with its bias (addmm)
+  3. rope_write_kv (rope q and k, write k and v into the pool)
+  4. paged decode attention (a second, combining kernel when the context is split)
+  5. o GEMM
+  6. add_rms_norm (attention's output into the residual stream, then mlp_norm)
+  7. gate|up GEMM
+  8. silu_mul on the two halves of the gate|up output
+  9. down GEMM
+and once per step: the embedding, the slot and context-length arithmetic, the final add_rms_norm
+and the LM head; sampling and the stop check after it.
 
 Not here: which rows exist (`scheduler`), sampling and the loop (`engine`).
 Invariant: the weights, the pool and the row-state tensors are allocated once and only written in
