@@ -56,7 +56,7 @@ def generate(engine: PagedEngine, prompts: list[list[int]], new: int) -> int:
 
 
 def kernel_events(prof: profile, device: torch.device) -> list[tuple[str, float]]:
-    """(name, microseconds) of every GPU kernel, or on CPU of every leaf op."""
+    """(name, microseconds) of every GPU kernel (memcpy and memset included), or on CPU of every leaf op."""
     if device.type == "cuda":
         return [(e.name, e.device_time) for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     return [(e.name, e.self_cpu_time_total) for e in prof.events() if not e.cpu_children]
