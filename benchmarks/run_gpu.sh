@@ -7,7 +7,10 @@
 #              BENCH_K a -k expression, BENCH_NAME the output name); bench2, bench3 more suites
 #              (BENCH2, BENCH2_K, BENCH2_TIMEOUT, ...) -> bench2.json, bench3.json
 #   profile    where one RL phase's time goes -> rl_loop_profile.json
-#   decode_profile  where a decode step's GPU time goes -> decode_profile.json
+#   decode_profile  kernels per decode step and per layer, GPU and graph wall time per step, at batch
+#              DECODE_BATCHES (default 1 16 64 256) and context 128 -> decode_profile.json, decode_profile.log;
+#              with DECODE_BASE, a folder holding another commit's oreal_fast/ (`git archive COMMIT oreal_fast |
+#              tar -x -C DIR`), the same profile of that code first -> decode_profile_base.json
 #   train      the trainer CLI for 3 steps on a random-init 0.5B-shaped folder -> train_*.jsonl
 #   sweep      the linear_logprob tile sweep -> sweep.json
 #   torchrun   the same trainer CLI under `torchrun --nproc_per_node 1`, 2 steps -> torchrun.log, torchrun.jsonl
@@ -61,7 +64,13 @@ for part in "$@"; do
       PYTHONPATH=benchmarks:${PYTHONPATH:-} timeout ${PROFILE_TIMEOUT:-240} $PY benchmarks/profile_rl_loop.py \
         --out "$OUT/rl_loop_profile.json" 2>&1 | tee "$OUT/profile.log" ;;
     decode_profile)
-      timeout 120 $PY benchmarks/profile_decode.py --out "$OUT/decode_profile.json" 2>&1 | tee "$OUT/decode_profile.log" ;;
+      if [ -n "${DECODE_BASE:-}" ]; then
+        PYTHONPATH=$DECODE_BASE:${PYTHONPATH:-} timeout ${DECODE_PROFILE_TIMEOUT:-180} $PY benchmarks/profile_decode.py \
+          --out "$OUT/decode_profile_base.json" --batches ${DECODE_BATCHES:-1 16 64 256} 2>&1 \
+          | grep --line-buffered -v USDT | tee "$OUT/decode_profile_base.log"
+      fi
+      timeout ${DECODE_PROFILE_TIMEOUT:-180} $PY benchmarks/profile_decode.py --out "$OUT/decode_profile.json" \
+        --batches ${DECODE_BATCHES:-1 16 64 256} 2>&1 | grep --line-buffered -v USDT | tee "$OUT/decode_profile.log" ;;
     train)
       random_qwen
       for budget in ${TRAIN_BUDGETS:-32768 0}; do

@@ -1,9 +1,14 @@
 """The tensors of the rollout engine: the bf16 weight copy, the KV pool, the running rows'
 device state, and the decode step (eager or one CUDA graph per batch bucket).
 
+Weight copy: an `InferenceModel` (q|k|v and gate|up packed, fused elementwise kernels on CUDA),
+refreshed in place by `sync_weights` from the Decoder's `(name, tensor)` pairs.
+
 KV pool: one tensor [num_layers, 2 (k, v), num_blocks, block_size, Hkv, D] in the compute dtype;
 layer l's caches are the contiguous views `kv[l, 0]` and `kv[l, 1]`, so one indexing op copies a
-block in every layer (copy-on-write of a forked prompt's last block).
+block in every layer (copy-on-write of a forked prompt's last block). The caches of one forward
+(`PrefillCache`, `DecodeCache`) take each layer's un-roped q|k|v GEMM output: one kernel
+(`rope_write_kv`) ropes q and k and writes k, v at the tokens' slots, then they attend.
 
 Row state (device, `max_num_seqs` rows, the first `num_rows` live, in the scheduler's row order):
 `input_ids` (the pending token), `positions` (its position), `block_tables`
@@ -16,8 +21,22 @@ nothing reads.
 
 CUDA graphs: one per batch bucket (1, 2, 4, 8, 16, 32, then steps of 32 to 256 and of 64 beyond,
 up to max_num_seqs), captured largest first into one shared memory pool, each after one eager step;
-each runs embedding -> blocks -> final norm -> LM head into the static `logits` buffer
+each runs embedding -> layers -> final norm -> LM head into the static `logits` buffer
 [max_num_seqs, V] (compute dtype). Sampling and the stop check run after the replay.
+
+Kernels of one decode step on CUDA, per layer (9, or 10 when attention splits the context; cuBLAS
+may add one to a GEMM, e.g. a split-K reduction):
+  1. add_rms_norm (the previous MLP's output into the residual stream, then attn_norm)
+  2. q|k|v GEMM with its bias (addmm)
+  3. rope_write_kv (rope q and k, write k and v into the pool)
+  4. paged decode attention (a second, combining kernel when the context is split)
+  5. o GEMM
+  6. add_rms_norm (attention's output into the residual stream, then mlp_norm)
+  7. gate|up GEMM
+  8. silu_mul on the two halves of the gate|up output
+  9. down GEMM
+and once per step: the embedding, the slot and context-length arithmetic, the final add_rms_norm
+and the LM head; sampling and the stop check after it.
 
 Not here: which rows exist (`scheduler`), sampling and the loop (`engine`).
 Invariant: the weights, the pool and the row-state tensors are allocated once and only written in
@@ -33,10 +52,11 @@ import torch
 import torch.nn.functional as F
 
 from oreal_fast.kernels.paged_attention import paged_decode_attention
-from oreal_fast.model.attention import make_backend
-from oreal_fast.kernels.trunk_inference import INFERENCE_OPS
-from oreal_fast.model.decoder import EAGER_OPS, Decoder
-from oreal_fast.parallel import full_weights, load_weights
+from oreal_fast.kernels.trunk_inference import rope_write_kv
+from oreal_fast.model.attention import make_backend, resolve_backend_name
+from oreal_fast.model.decoder import Decoder, max_rope_positions
+from oreal_fast.parallel import full_weights
+from oreal_fast.rollout.engine.inference_model import InferenceModel
 from oreal_fast.rollout.base import finished
 
 
@@ -51,37 +71,34 @@ def batch_buckets(max_num_seqs: int) -> list[int]:
 
 
 class PrefillCache:
-    """`AttentionCache` of a prefill: write k/v at their pool slots, attend the new tokens causally
-    among themselves (no sequence in a prefill has a cached prefix)."""
+    """`PagedCache` of a prefill: rope q and k and write k, v at their pool slots (one kernel), then
+    attend the new tokens causally among themselves (no sequence in a prefill has a cached prefix),
+    on the roped k, v read back from the pool."""
 
     def __init__(self, kv: torch.Tensor, slots: torch.Tensor, backend, cu_seqlens: torch.Tensor, max_seqlen: int):
         self.kv, self.slots, self.backend, self.cu, self.max_seqlen = kv, slots, backend, cu_seqlens, max_seqlen
+        self.impl = "triton" if kv.device.type == "cuda" else "eager"
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        _write(self.kv[layer], self.slots, k, v)
+    def attend(self, layer: int, qkv: torch.Tensor, positions: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        kv = self.kv[layer]
+        q = rope_write_kv(qkv, positions, rope, kv[0], kv[1], self.slots, impl=self.impl)
+        Hkv, D = kv.shape[-2:]
+        k, v = (kv[i].view(-1, Hkv, D)[self.slots] for i in (0, 1))  # (T, Hkv, D) each
         return self.backend(q, k, v, self.cu, self.max_seqlen)
 
 
 class DecodeCache:
-    """`AttentionCache` of a decode step: one token per row, written at its slot, attending over
-    the row's whole context through its block table."""
+    """`PagedCache` of a decode step: one token per row, roped and written at its slot (one kernel),
+    attending over the row's whole context through its block table."""
 
     def __init__(self, kv: torch.Tensor, slots: torch.Tensor, block_tables: torch.Tensor,
                  context_lens: torch.Tensor, impl: str):
         self.kv, self.slots, self.block_tables, self.context_lens, self.impl = kv, slots, block_tables, context_lens, impl
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend(self, layer: int, qkv: torch.Tensor, positions: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         kv = self.kv[layer]
-        _write(kv, self.slots, k, v)
+        q = rope_write_kv(qkv, positions, rope, kv[0], kv[1], self.slots, impl=self.impl)
         return paged_decode_attention(q, kv[0], kv[1], self.block_tables, self.context_lens, impl=self.impl)
-
-
-def _write(kv: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    if k.dtype != kv.dtype:
-        raise TypeError(f"KV pool holds {kv.dtype} but attention got k/v in {k.dtype}")
-    _, _, _, Hkv, D = kv.shape
-    kv[0].view(-1, Hkv, D).index_copy_(0, slots, k)
-    kv[1].view(-1, Hkv, D).index_copy_(0, slots, v)
 
 
 class ModelRunner:
@@ -109,11 +126,12 @@ class ModelRunner:
         self.static_shapes = device.type == "cuda"
         self.attn_impl = "triton" if device.type == "cuda" else "eager"
         c = actor.config
-        # on CUDA the copy runs RMSNorm, rope and SwiGLU as one Triton kernel each (forward only)
-        ops = INFERENCE_OPS if device.type == "cuda" else EAGER_OPS
-        self.model = Decoder(c, attn_backend="auto", device=device, dtype=dtype,
-                             trunk_ops=ops).requires_grad_(False).eval()
-        self.prefill_backend = make_backend(self.model.attn_backend)
+        if max_model_len > max_rope_positions(c):
+            raise ValueError(f"max_model_len {max_model_len} exceeds the {max_rope_positions(c)} positions "
+                             f"of the model's rope table")
+        # on CUDA the copy's elementwise ops are Triton kernels (forward only), elsewhere their eager twins
+        self.model = InferenceModel(c, device=device, dtype=dtype, impl=self.attn_impl).eval()
+        self.prefill_backend = make_backend(resolve_backend_name("auto", device, dtype))
         self.sync_weights(full_weights(actor))
         R, M = max_num_seqs, self.max_blocks_per_seq
         zeros = lambda *shape, dtype=torch.int64: torch.zeros(shape, dtype=dtype, device=device)  # noqa: E731
@@ -133,8 +151,8 @@ class ModelRunner:
 
     def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy the actor's weights (``(name, whole tensor)`` pairs, see `RolloutEngine.sync_weights`)
-        into the persistent copy, in place, cast to the compute dtype."""
-        load_weights(self.model, weights)
+        into the persistent copy, in place, cast to the compute dtype and packed (q|k|v, gate|up)."""
+        self.model.load_weights(weights)
 
     def allocate(self) -> None:
         """The KV pool and, with CUDA graphs, the logits buffer and the captured graphs."""
