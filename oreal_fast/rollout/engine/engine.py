@@ -21,17 +21,20 @@ Memory (Qwen2.5-0.5B in bf16: 494 M params): the weight copy costs params x 2 by
 refreshed in place by `sync_weights` after each optimiser step; no fp32 copy is kept. The KV pool
 is `kv_cache_bytes` (12 KiB per token for 0.5B), the logits buffer max_num_seqs x V x 2 bytes
 (311 MB at 1024 x 151 936), the graphs' shared pool about one decode step's activations at
-max_num_seqs (a few hundred MB at 0.5B). With `keep_cache` (default) pool, buffer and graphs stay
-between `generate` calls (the RL phase runs beside them); without it they are freed after each
-call and rebuilt at the next (every bucket recaptured per call; the memory goes back to the RL phase).
+max_num_seqs (a few hundred MB at 0.5B), a round's uniforms and tokens 12 bytes x
+decode_steps_per_round x max_num_seqs (197 KB at 16 x 1024). With `keep_cache` (default) pool,
+buffer and graphs stay between `generate` calls (the RL phase runs beside them); without it they
+are freed after each call and rebuilt at the next (every bucket recaptured per call; the memory
+goes back to the RL phase).
 
 Sampling follows reference 4.2 as a distribution (`oreal_fast.kernels.sampling`: inverse CDF on one
 uniform per row and step from the caller's generator), so a run resumed with the generator's state
 samples what the straight run did. The stream: each prefill chunk draws `torch.rand(k_total)` for
 its first tokens; each decode round draws `torch.rand(steps, num_rows)` in one call, element
 [j, r] feeding row r at step j. Which uniform feeds which token therefore depends on
-`decode_steps_per_round`: a sampled run is reproducible for a given D, not across D (greedy runs
-are the same for every D).
+`decode_steps_per_round`: a sampled run is reproducible for a given D, not across D. Greedy runs
+pick the same tokens for every D (on the GPU, up to bf16 near-ties: rows leave and join the batch
+at round ends, so a step may run at another batch bucket).
 
 Not here: block bookkeeping (`block_manager`), admission and preemption (`scheduler`), tensors
 and graphs (`model_runner`).
