@@ -22,7 +22,8 @@ def report(path: Path) -> list[str]:
     if not text.strip():  # a run that timed out or saved nothing
         return [f"== {path.name}: no results"]
     benchmarks = json.loads(text)["benchmarks"]
-    lines = [f"== {path.name}", "case | step ms | floor ms | step/floor | gpu ms | wall/gpu | kernels/step | rounds | wasted"]
+    lines = [f"== {path.name}",
+             "case | step ms | floor ms | step/floor | gpu ms | wall/gpu | kernels/step | rounds | wasted"]
     for b in benchmarks:
         x = b["extra_info"]
         if "step_ms" in x:

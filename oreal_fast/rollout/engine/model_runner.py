@@ -19,8 +19,9 @@ sync: each step is the forward, then its tail, all on the device: sample (greedy
 sampler on row `step` of the round's uniforms [steps, num_rows]), store the tokens in the round
 buffer `round_tokens` [steps_per_round, max_num_seqs], count the token of every row not done,
 mark done the rows that now meet the stop rule, and advance the others (pending token,
-position), so a stopped row's later tokens are never recorded and its num_new stays. `end_round` moves the recorded tokens into the
-call's output buffer and reads num_new and done back: the round's one host sync.
+position), so a stopped row's later tokens are never recorded and its num_new stays. `end_round`
+moves the recorded tokens into the call's output buffer and reads num_new and done back: the
+round's one host sync.
 
 CUDA graphs: one forward graph per batch bucket (1, 2, 4, 8, 16, 32, then steps of 32 to 256 and of
 64 beyond, up to max_num_seqs), captured at `allocate`, largest first, into one shared memory
@@ -61,7 +62,8 @@ def batch_buckets(max_num_seqs: int) -> list[int]:
     return sizes + [max_num_seqs]
 
 
-def sample_tokens(logits: torch.Tensor, uniform: torch.Tensor | None, params: SamplingParams, impl: str) -> torch.Tensor:
+def sample_tokens(logits: torch.Tensor, uniform: torch.Tensor | None, params: SamplingParams,
+                  impl: str) -> torch.Tensor:
     """Next tokens [B] int64 from logits [B, V]: greedy argmax, or reference 4.2 by inverse CDF on
     `uniform` [B] fp32 (one draw per row from the caller's generator; None when greedy)."""
     if not params.do_sample:
