@@ -130,6 +130,8 @@ class TrainConfig:
     """Tokens per prefill chunk of the paged engine (vLLM's max_num_batched_tokens; a longer prompt runs alone), >= 1."""
     rollout_keep_cache: bool = True
     """Keep the paged engine's KV pool and CUDA graphs between steps; False frees them after each generation."""
+    decode_steps_per_round: int = 16
+    """Decode steps the paged engine runs per host round trip (stop checks on the GPU, one sync per round), >= 1."""
 
     # --- RL phase and optimisers (reference 4.5-4.14) ---
     rl_global_batch: int | None = None
@@ -532,7 +534,7 @@ def _check_rollout_engine(c: _Checker, cfg: TrainConfig) -> None:
     if cfg.kv_cache_gib is not None and not (math.isfinite(cfg.kv_cache_gib) and cfg.kv_cache_gib > 0):
         c.fail("kv_cache_gib", f"must be None or a finite float > 0 (GiB), got {cfg.kv_cache_gib}")
     _in_range(c, cfg, "kv_cache_memory_fraction", 0.0, 1.0, "(0, 1]", lambda v, lo, hi: lo < v <= hi)
-    for key in ("kv_block_size", "max_num_seqs", "max_prefill_tokens"):
+    for key in ("kv_block_size", "max_num_seqs", "max_prefill_tokens", "decode_steps_per_round"):
         if getattr(cfg, key) < 1:
             c.fail(key, f"must be an int >= 1, got {getattr(cfg, key)}")
 
