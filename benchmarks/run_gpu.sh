@@ -7,17 +7,13 @@
 #              BENCH_K a -k expression, BENCH_NAME the output name); bench2, bench3 more suites
 #              (BENCH2, BENCH2_K, BENCH2_TIMEOUT, ...) -> bench2.json, bench3.json
 #   profile    where one RL phase's time goes -> rl_loop_profile.json
-<<<<<<< HEAD
 #   decode_profile  kernels per decode step and per layer, GPU and graph wall time per step, at batch
 #              DECODE_BATCHES (default 1 16 64 256) and context 128 -> decode_profile.json, decode_profile.log;
 #              with DECODE_BASE, a folder holding another commit's oreal_fast/ (`git archive COMMIT oreal_fast |
 #              tar -x -C DIR`), the same profile of that code first -> decode_profile_base.json
-=======
-#   decode_profile  where a decode step's GPU time goes -> decode_profile.json
 #   decode     the engine's GPU tests -> decode_tests.log; the decode-step benchmark and the B256 rollout case
 #              -> decode.json; with BASELINE_ROOT (a folder holding another version's oreal_fast/, e.g. the
 #              start commit's) the same two benchmarks on that version -> decode_baseline.json; then their table
->>>>>>> multistep
 #   train      the trainer CLI for 3 steps on a random-init 0.5B-shaped folder -> train_*.jsonl
 #   sweep      the linear_logprob tile sweep -> sweep.json
 #   torchrun   the same trainer CLI under `torchrun --nproc_per_node 1`, 2 steps -> torchrun.log, torchrun.jsonl
@@ -71,7 +67,6 @@ for part in "$@"; do
       PYTHONPATH=benchmarks:${PYTHONPATH:-} timeout ${PROFILE_TIMEOUT:-240} $PY benchmarks/profile_rl_loop.py \
         --out "$OUT/rl_loop_profile.json" 2>&1 | tee "$OUT/profile.log" ;;
     decode_profile)
-<<<<<<< HEAD
       if [ -n "${DECODE_BASE:-}" ]; then
         PYTHONPATH=$DECODE_BASE:${PYTHONPATH:-} timeout ${DECODE_PROFILE_TIMEOUT:-180} $PY benchmarks/profile_decode.py \
           --out "$OUT/decode_profile_base.json" --batches ${DECODE_BATCHES:-1 16 64 256} 2>&1 \
@@ -79,8 +74,6 @@ for part in "$@"; do
       fi
       timeout ${DECODE_PROFILE_TIMEOUT:-180} $PY benchmarks/profile_decode.py --out "$OUT/decode_profile.json" \
         --batches ${DECODE_BATCHES:-1 16 64 256} 2>&1 | grep --line-buffered -v USDT | tee "$OUT/decode_profile.log" ;;
-=======
-      timeout 120 $PY benchmarks/profile_decode.py --out "$OUT/decode_profile.json" 2>&1 | tee "$OUT/decode_profile.log" ;;
     decode)
       timeout ${TESTS_TIMEOUT:-150} $PY -m pytest tests/rollout/test_engine_gpu.py -q -ra -p no:cacheprovider 2>&1 \
         | tee "$OUT/decode_tests.log"
@@ -96,7 +89,6 @@ for part in "$@"; do
         reports+=("$OUT/decode_baseline.json")
       fi
       $PY benchmarks/decode_report.py "${reports[@]}" | tee "$OUT/decode_table.txt" ;;
->>>>>>> multistep
     train)
       random_qwen
       for budget in ${TRAIN_BUDGETS:-32768 0}; do
