@@ -1,7 +1,7 @@
 """reasoning-gym sources: sizes and order, seeds, a held-out set that shares no question with training,
 gold answers our rule judger confirms, and the start-up checks."""
 
-import textwrap
+import decimal
 
 import pytest
 from reasoning_gym import create_dataset
@@ -60,6 +60,12 @@ def test_without_exclude_a_small_question_space_repeats_training_questions():
     assert len(train & held_out) > 5
 
 
+def test_drawing_leaves_the_process_decimal_precision_alone():
+    before = decimal.getcontext().prec
+    problems = draw(parse_source({"reasoning_gym": "decimal_arithmetic", "size": 3}))
+    assert len(problems) == 3 and decimal.getcontext().prec == before  # the task sets it to 12 per item
+
+
 def test_too_few_distinct_questions_is_a_data_error():
     source = {"reasoning_gym": {"chain_sum": {**NARROW["chain_sum"], "size": 300}}, "seed": 1}
     with pytest.raises(DataError, match=r"reasoning_gym chain_sum \(seed 1\): task 'chain_sum' gave only \d+ "
@@ -87,26 +93,8 @@ def test_the_rule_judger_confirms_every_gold_answer_and_rejects_a_wrong_one():
         assert router.judge(wrong).rewards == [-1.0] * len(records)
 
 
-BASE = textwrap.dedent("""
-    actor = "some/model"
-    gen_global_batch = 16
-    prompt_repeat_k = 4
-    gen_max_new = 64
-    gen_max_length = 256
-    total_steps = 4
-    warmup_steps = 1
-    judgers_config = dict(math_judger=dict(hosts=[], rule_only=True))
-""")
-
-
-def _config(tmp_path, body):
-    path = tmp_path / "cfg.py"
-    path.write_text(BASE + textwrap.dedent(body), encoding="utf-8")
-    return str(path)
-
-
-def test_a_config_trains_and_validates_on_reasoning_gym(tmp_path):
-    cfg = load_config(_config(tmp_path, """
+def test_a_config_trains_and_validates_on_reasoning_gym(write_config):
+    cfg = load_config(write_config("""
         _tasks = {"chain_sum": 40, "gsm_symbolic": 40}
         datasets = {"reasoning_gym": _tasks, "seed": 1}
         val_datasets = {"reasoning_gym": {"chain_sum": 10, "gsm_symbolic": 10}, "seed": 2, "exclude": datasets}
@@ -130,18 +118,18 @@ def test_a_config_trains_and_validates_on_reasoning_gym(tmp_path):
     ('datasets = {"reasoning_gym": "chain_sum", "size": 10}', "data_difficulty_balance_cfg",
      "reasoning_gym problems, which have no pass_rate"),
 ])
-def test_config_checks_reasoning_gym_sources_at_start_up(tmp_path, body, key, why):
+def test_config_checks_reasoning_gym_sources_at_start_up(write_config, body, key, why):
     balance = "" if key == "data_difficulty_balance_cfg" else "data_difficulty_balance_cfg = None\n"
-    path = _config(tmp_path, balance + body + "\n")
+    path = write_config(balance + body + "\n")
     with pytest.raises(ConfigError) as e:
         load_config(path)
     assert str(e.value).startswith(f"{key} in {path}: ") and why in str(e.value)
 
 
-def test_without_the_package_the_error_says_how_to_install_it(tmp_path, monkeypatch):
+def test_without_the_package_the_error_says_how_to_install_it(write_config, monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "reasoning_gym.factory", None)  # makes the import fail
-    path = _config(tmp_path, 'data_difficulty_balance_cfg = None\ndatasets = {"reasoning_gym": "gcd", "size": 5}\n')
+    path = write_config('data_difficulty_balance_cfg = None\ndatasets = {"reasoning_gym": "gcd", "size": 5}\n')
     with pytest.raises(ConfigError, match=r"pip install 'oreal-fast\[reasoning-gym\]'"):
         load_config(path)

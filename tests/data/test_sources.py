@@ -3,7 +3,6 @@ folders shaped like GSM8K, MATH-500 and AIME; start-up errors; exclude; config c
 
 import json
 import os
-import textwrap
 
 import datasets
 import pytest
@@ -178,29 +177,11 @@ def test_exclude_drops_the_questions_of_other_sources(tmp_path):
 
 # ----------------------------------------------------------------------------- config checks at start-up
 
-BASE = textwrap.dedent("""
-    actor = "some/model"
-    gen_global_batch = 16
-    prompt_repeat_k = 4
-    gen_max_new = 64
-    gen_max_length = 256
-    total_steps = 4
-    warmup_steps = 1
-    judgers_config = dict(math_judger=dict(hosts=[], rule_only=True))
-    data_difficulty_balance_cfg = None
-""")
 
-
-def _config(tmp_path, body):
-    path = tmp_path / "cfg.py"
-    path.write_text(BASE + textwrap.dedent(body), encoding="utf-8")
-    return str(path)
-
-
-def test_dict_sources_pass_the_config_and_load_for_training_and_validation(tmp_path):
+def test_dict_sources_pass_the_config_and_load_for_training_and_validation(tmp_path, write_config):
     train = _write(tmp_path, GSM8K_ROWS, "parquet", name="train")
     test = _write(tmp_path, MATH500_ROWS, "json", name="test")
-    cfg = load_config(_config(tmp_path, f"""
+    cfg = load_config(write_config(f"""
         datasets = {{"path": {train!r}, "question": "question", "answer": "answer", "extract": "gsm8k"}}
         val_datasets = [{{"path": {test!r}, "question": "problem", "answer": "answer", "data_source": "olympiad"}}]
         judgers_config = dict(math_judger=dict(hosts=[], rule_only=True),
@@ -219,18 +200,18 @@ def test_dict_sources_pass_the_config_and_load_for_training_and_validation(tmp_p
      'val_datasets = {"path": "package://oreal_fast/assets/demo_problems_val.jsonl", "data_source": "geo"}',
      "data_judger_mapping", "no entry for data_source 'geo', which val_datasets uses"),
 ])
-def test_config_checks_sources_at_start_up(tmp_path, body, key, why):
-    path = _config(tmp_path, body + "\n")
+def test_config_checks_sources_at_start_up(write_config, body, key, why):
+    path = write_config(body + "\n")
     with pytest.raises(ConfigError) as e:
         load_config(path)
     assert str(e.value).startswith(f"{key} in {path}: ") and why in str(e.value)
 
 
-def test_config_without_datasets_package_says_how_to_install_it(tmp_path, monkeypatch):
+def test_config_without_datasets_package_says_how_to_install_it(write_config, monkeypatch):
     import importlib.util
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "datasets" else real(name, *a))
-    path = _config(tmp_path, 'datasets = "openai/gsm8k"\n')
+    path = write_config('datasets = "openai/gsm8k"\n')
     with pytest.raises(ConfigError, match=r"datasets in .*'datasets' package.*pip install 'oreal-fast\[datasets\]'"):
         load_config(path)
