@@ -178,16 +178,15 @@ def _load_gym(source: GymSource, excluded: set[str]) -> list[PromptRecord]:
 def _to_record(row: Any, where: str, source: FileSource) -> PromptRecord:
     if not isinstance(row, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
-    for name in (source.question, source.answer):
+    # an int answer reads as its digits (AIME sets store answers as ints); a float would lose its writing
+    for name, kinds, expected in ((source.question, str, "a string"),
+                                  (source.answer, (str, int), "a string or an integer")):
         if name not in row:
             raise DataError(f"{where}: field {name!r} is missing; the row has fields {', '.join(map(str, row))}")
+        if not isinstance(row[name], kinds) or isinstance(row[name], bool):
+            raise DataError(f"{where}: field {name!r} must be {expected}, got {type(row[name]).__name__} "
+                            f"{row[name]!r}")
     question, answer = row[source.question], row[source.answer]
-    if not isinstance(question, str):
-        raise DataError(f"{where}: field {source.question!r} must be a string, got {type(question).__name__} "
-                        f"{question!r}")
-    if not isinstance(answer, (str, int)) or isinstance(answer, bool):  # AIME sets store answers as ints
-        raise DataError(f"{where}: field {source.answer!r} must be a string or an integer, got "
-                        f"{type(answer).__name__} {answer!r}")
     gold = extract_answer(str(answer), source.extract)
     if gold is None:
         raise DataError(f"{where}: field {source.answer!r} has no {describe_extractor(source.extract)} "

@@ -12,6 +12,8 @@ from oreal_fast.data.procedural import draw
 from oreal_fast.data.sources import parse_source
 from oreal_fast.judge import JudgeItem, Router
 
+from data_configs import write_config
+
 TASKS = ["basic_arithmetic", "chain_sum", "fraction_simplification", "gsm_symbolic"]
 # 2 one-digit terms: at most 10 x 10 x 2 distinct questions, so independent draws collide
 NARROW = {"chain_sum": {"size": 60, "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}
@@ -93,8 +95,8 @@ def test_the_rule_judger_confirms_every_gold_answer_and_rejects_a_wrong_one():
         assert router.judge(wrong).rewards == [-1.0] * len(records)
 
 
-def test_a_config_trains_and_validates_on_reasoning_gym(write_config):
-    cfg = load_config(write_config("""
+def test_a_config_trains_and_validates_on_reasoning_gym(tmp_path):
+    cfg = load_config(write_config(tmp_path, """
         _tasks = {"chain_sum": 40, "gsm_symbolic": 40}
         datasets = {"reasoning_gym": _tasks, "seed": 1}
         val_datasets = {"reasoning_gym": {"chain_sum": 10, "gsm_symbolic": 10}, "seed": 2, "exclude": datasets}
@@ -118,18 +120,18 @@ def test_a_config_trains_and_validates_on_reasoning_gym(write_config):
     ('datasets = {"reasoning_gym": "chain_sum", "size": 10}', "data_difficulty_balance_cfg",
      "reasoning_gym problems, which have no pass_rate"),
 ])
-def test_config_checks_reasoning_gym_sources_at_start_up(write_config, body, key, why):
+def test_config_checks_reasoning_gym_sources_at_start_up(tmp_path, body, key, why):
     balance = "" if key == "data_difficulty_balance_cfg" else "data_difficulty_balance_cfg = None\n"
-    path = write_config(balance + body + "\n")
+    path = write_config(tmp_path, balance + body + "\n")
     with pytest.raises(ConfigError) as e:
         load_config(path)
     assert str(e.value).startswith(f"{key} in {path}: ") and why in str(e.value)
 
 
-def test_without_the_package_the_error_says_how_to_install_it(write_config, monkeypatch):
+def test_without_the_package_the_error_says_how_to_install_it(tmp_path, monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "reasoning_gym.factory", None)  # makes the import fail
-    path = write_config('data_difficulty_balance_cfg = None\ndatasets = {"reasoning_gym": "gcd", "size": 5}\n')
+    path = write_config(tmp_path, 'data_difficulty_balance_cfg = None\ndatasets = {"reasoning_gym": "gcd", "size": 5}\n')
     with pytest.raises(ConfigError, match=r"pip install 'oreal-fast\[reasoning-gym\]'"):
         load_config(path)

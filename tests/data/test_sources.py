@@ -11,6 +11,8 @@ from oreal_fast.config import ConfigError, load_config
 from oreal_fast.data import DataError, PromptRecord, load_prompt_records
 from oreal_fast.data.sources import FileSource, extract_answer, parse_sources
 
+from data_configs import write_config
+
 # Three small sets in the shapes of the standard ones (our own problems, same field names and formats).
 GSM8K_ROWS = [
     {"question": "Ana has 3 bags of 14 apples. How many apples?", "answer": "3 * 14 = <<3*14=42>>42\n#### 42"},
@@ -178,10 +180,10 @@ def test_exclude_drops_the_questions_of_other_sources(tmp_path):
 # ----------------------------------------------------------------------------- config checks at start-up
 
 
-def test_dict_sources_pass_the_config_and_load_for_training_and_validation(tmp_path, write_config):
+def test_dict_sources_pass_the_config_and_load_for_training_and_validation(tmp_path):
     train = _write(tmp_path, GSM8K_ROWS, "parquet", name="train")
     test = _write(tmp_path, MATH500_ROWS, "json", name="test")
-    cfg = load_config(write_config(f"""
+    cfg = load_config(write_config(tmp_path, f"""
         datasets = {{"path": {train!r}, "question": "question", "answer": "answer", "extract": "gsm8k"}}
         val_datasets = [{{"path": {test!r}, "question": "problem", "answer": "answer", "data_source": "olympiad"}}]
         judgers_config = dict(math_judger=dict(hosts=[], rule_only=True),
@@ -200,18 +202,18 @@ def test_dict_sources_pass_the_config_and_load_for_training_and_validation(tmp_p
      'val_datasets = {"path": "package://oreal_fast/assets/demo_problems_val.jsonl", "data_source": "geo"}',
      "data_judger_mapping", "no entry for data_source 'geo', which val_datasets uses"),
 ])
-def test_config_checks_sources_at_start_up(write_config, body, key, why):
-    path = write_config(body + "\n")
+def test_config_checks_sources_at_start_up(tmp_path, body, key, why):
+    path = write_config(tmp_path, body + "\n")
     with pytest.raises(ConfigError) as e:
         load_config(path)
     assert str(e.value).startswith(f"{key} in {path}: ") and why in str(e.value)
 
 
-def test_config_without_datasets_package_says_how_to_install_it(write_config, monkeypatch):
+def test_config_without_datasets_package_says_how_to_install_it(tmp_path, monkeypatch):
     import importlib.util
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "datasets" else real(name, *a))
-    path = write_config('datasets = "openai/gsm8k"\n')
+    path = write_config(tmp_path, 'datasets = "openai/gsm8k"\n')
     with pytest.raises(ConfigError, match=r"datasets in .*'datasets' package.*pip install 'oreal-fast\[datasets\]'"):
         load_config(path)
