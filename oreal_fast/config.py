@@ -61,8 +61,13 @@ class TrainConfig:
     # --- models (reference 2.1, 1.1) ---
     actor: str
     """Initial policy and tokenizer source: HF hub id, local folder, .gguf path or package://<module>/<file>."""
-    datasets: str | list[str]
-    """Prompt sources: .jsonl paths (or package:// refs) and/or HF dataset ids, concatenated in order."""
+    datasets: str | dict | list[str | dict]
+    """Prompt sources, concatenated in order. A str: a .jsonl/.json/.parquet file (or package:// ref) or a
+    Hugging Face dataset id or folder (split train), with fields question, gold_answer, optional pass_rate.
+    A dict: {"path": ..., "split": "test", "subset": "main", "question": "problem", "answer": "answer",
+    "extract": "plain" | "gsm8k" (#### N) | "boxed"}, or {"reasoning_gym": {"chain_sum": 500}, "seed": 1};
+    either may add "data_source" (default "math") and "exclude" (sources whose questions are dropped).
+    Reference: docs/datasets.md."""
     reference: str | None = None
     """Frozen reference model; absent = the actor."""
     token_level_rm: str | None = None
@@ -222,7 +227,7 @@ class TrainConfig:
     """data_source -> names of the judgers that score it."""
 
     # --- validation (not in the official trainer, which evaluates checkpoints separately) ---
-    val_datasets: str | list[str] | None = None
+    val_datasets: str | dict | list[str | dict] | None = None
     """Held-out problems, same forms as datasets, not difficulty-balanced; None = no validation (else it
     runs after the last step at least)."""
     val_interval: int = 0
@@ -396,6 +401,7 @@ def _validate(raw: dict[str, Any], path: str, overridden: set[str]) -> TrainConf
     _check_combinations(c, cfg)
     _check_validation(c, cfg)
     _check_judgers(c, cfg)
+    _check_data_sources(c, cfg)
     return cfg
 
 
@@ -431,21 +437,14 @@ def _check_type(c: _Checker, key: str, value: Any, hint: Any) -> Any:
     c.fail(key, f"expected {allowed}, got {type(value).__name__} {value!r}")
 
 
-def _check_datasets(c: _Checker, value: Any, key: str = "datasets") -> str | list[str]:
-    items = [value] if isinstance(value, str) else value
-    if not isinstance(items, (list, tuple)) or not items or not all(isinstance(s, str) and s for s in items):
-        c.fail(key, f"expected a non-empty str or a non-empty list of str, got {value!r}")
-    from oreal_fast.data.prompts import resolve_path
+def _check_datasets(c: _Checker, value: Any, key: str = "datasets") -> str | dict | list[str | dict]:
+    from oreal_fast.data.sources import check_sources
 
-    for source in items:
-        if source.endswith(".jsonl"):
-            try:
-                local = resolve_path(source)
-            except ValueError as e:
-                c.fail(key, str(e))
-            if not os.path.isfile(local):
-                c.fail(key, f"jsonl file {local!r} does not exist")
-    return value if isinstance(value, str) else list(value)
+    try:
+        check_sources(value)
+    except ValueError as e:
+        c.fail(key, str(e))
+    return list(value) if isinstance(value, tuple) else value
 
 
 def _check_buckets(c: _Checker, value: Any) -> list[tuple[tuple[float, float], int]] | None:
@@ -618,8 +617,6 @@ def _check_judgers(c: _Checker, cfg: TrainConfig) -> None:
             parse_judger_settings(name, raw)
         except ValueError as e:
             c.fail("judgers_config", str(e))
-    if "math" not in cfg.data_judger_mapping:
-        c.fail("data_judger_mapping", "must map 'math' (the data_source of every prompt) to judgers")
     for source, names in cfg.data_judger_mapping.items():
         if not isinstance(names, (list, tuple)) or not names or not all(isinstance(n, str) for n in names):
             c.fail("data_judger_mapping", f"{source!r} must map to a non-empty list of judger names")
@@ -628,6 +625,21 @@ def _check_judgers(c: _Checker, cfg: TrainConfig) -> None:
             c.fail("data_judger_mapping", f"{source!r} names judger(s) {missing} that judgers_config does "
                    f"not define (defined: {sorted(cfg.judgers_config)})")
         cfg.data_judger_mapping[source] = list(names)
+
+
+def _check_data_sources(c: _Checker, cfg: TrainConfig) -> None:
+    """Every source's data_source has a judger; balancing is not asked of problems without pass rates."""
+    from oreal_fast.data.sources import GymSource, parse_sources
+
+    for key in ("datasets", "val_datasets"):
+        sources = parse_sources(getattr(cfg, key)) if getattr(cfg, key) is not None else []
+        for source in sources:
+            if source.data_source not in cfg.data_judger_mapping:
+                c.fail("data_judger_mapping", f"has no entry for data_source {source.data_source!r}, which {key} "
+                       f"uses (mapped: {sorted(cfg.data_judger_mapping)})")
+    if cfg.data_difficulty_balance_cfg and any(isinstance(s, GymSource) for s in parse_sources(cfg.datasets)):
+        c.fail("data_difficulty_balance_cfg", "datasets has reasoning_gym problems, which have no pass_rate to "
+               "balance on; set data_difficulty_balance_cfg = None")
 
 
 def compatibility_notes(cfg: TrainConfig) -> list[str]:
