@@ -18,7 +18,8 @@ swapped out, deadlocked) and logs a warning when it fires.
 Workers come from a fork server that has already imported sympy and math-verify, so starting
 or replacing one costs a fork, not a second of imports; they start lazily at the first task,
 so a run that never checks a rule starts none. Before a worker takes tasks it runs each
-built-in check once (parsers load lazily on first use), so no limit ever pays for start-up.
+built-in check once (parsers load lazily on first use), and a check named for the first time is
+imported before its limit starts, so no limit ever pays for start-up.
 Each worker caps its address space, so a huge power turns into a quick MemoryError instead
 of swapping the machine.
 
@@ -113,6 +114,9 @@ def _worker_main(conn: multiprocessing.connection.Connection) -> None:
     # workers itself, so a worker must not die of it (mid-import, its pipe would just break).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGPROF, signal.SIG_DFL)  # ends the process: the CPU limit (see _run_limited)
+    # The limit counts the CPU time of all of this process's threads: a BLAS or OpenMP pool with one
+    # thread per core (numpy loads at the warm-up below) would make a check's cost depend on the core count.
+    os.environ.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
     checks: dict[str, Callable[[str, str], object]] = {}
     for spec, text, gold in _WARM_UP:
         checks[spec] = _resolve(spec)

@@ -21,6 +21,13 @@ def pool():
     p.close()
 
 
+def _all_ready(pool):
+    """Run checks until every worker has started and answered: a batch that ends before a starting
+    (or replacing) worker is ready leaves it starting, and the next batch would not use it at once."""
+    while len(pool._workers) < pool.num_workers or not all(w.ready for w in pool._workers):
+        list(pool.run([YES] * pool.num_workers))
+
+
 def test_every_task_gets_its_verdict(pool):
     got = dict(pool.run([YES, NO, YES, NO, YES]))
     assert got == {0: RuleVerdict.CONFIRMED, 1: RuleVerdict.NOT_CONFIRMED, 2: RuleVerdict.CONFIRMED,
@@ -28,7 +35,7 @@ def test_every_task_gets_its_verdict(pool):
 
 
 def test_worker_killed_while_idle_is_replaced(pool):
-    list(pool.run([YES, YES]))
+    _all_ready(pool)
     for w in pool._workers:
         os.kill(w.proc.pid, signal.SIGKILL)
         w.proc.join()
@@ -36,7 +43,7 @@ def test_worker_killed_while_idle_is_replaced(pool):
 
 
 def test_caller_stopping_early_does_not_shift_later_answers(pool):
-    list(pool.run([YES, YES]))  # both workers up
+    _all_ready(pool)  # so that both tasks below are sent at once
     old = {w.proc.pid: w.proc for w in pool._workers}
     slow = RuleTask(STRICT_CHECK, r"\boxed{10^{10^{10}}+1}", "5", 600.0)  # sympy takes hours
     first = next(iter(pool.run([YES, slow])))  # the generator is dropped with `slow` in flight
@@ -56,7 +63,7 @@ def test_empty_batch():
 def test_ctrl_c_to_the_process_group_does_not_kill_workers(pool):
     """A terminal's SIGINT reaches every process of the group: the workers ignore it (the trainer
     handles it and stops them), so they keep answering, with the same pids."""
-    list(pool.run([YES, YES]))
+    _all_ready(pool)
     pids = [w.proc.pid for w in pool._workers]
     for pid in pids:
         os.kill(pid, signal.SIGINT)
@@ -90,6 +97,8 @@ def test_worker_whose_trainer_was_killed_exits_without_a_traceback(monkeypatch, 
     monkeypatch.setattr(pool_module, "_cap_address_space", lambda: None)
     monkeypatch.setattr(signal, "signal", lambda *args: None)
     monkeypatch.setattr(signal, "setitimer", lambda *args: None)
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.setenv(var, "1")  # the worker loop sets these; monkeypatch restores them after
     pipe = _ResetPipe(fail_on)
     pool_module._worker_main(pipe)  # returns instead of raising
     assert pipe.sent == (["ready"] if fail_on == "recv" else ["ready", True])
@@ -102,7 +111,7 @@ def test_cpu_limit_is_not_moved_by_machine_load():
     more than its limit is cut by that limit and its worker replaced."""
     pool = RulePool(2)
     try:
-        list(pool.run([YES, YES]))  # both workers up and warm
+        _all_ready(pool)
         started = {w.proc.pid: w.proc for w in pool._workers}
         fits, over = RuleTask(BURN, "0.5", "", 1.0), RuleTask(BURN, "600", "", 0.5)
         with BusyMachine() as load:
@@ -130,7 +139,7 @@ def test_a_check_that_cannot_be_imported_is_an_error_not_a_score():
 
 
 def test_live_workers_counts_processes_alive(pool):
-    list(pool.run([YES, YES]))
+    _all_ready(pool)
     assert pool.live_workers() == 2
     os.kill(pool._workers[0].proc.pid, signal.SIGKILL)
     pool._workers[0].proc.join()
