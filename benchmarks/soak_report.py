@@ -69,7 +69,7 @@ def summary(rows: list[dict]) -> dict:
 
 
 def plot(rows: list[dict], path: str, title: str) -> None:
-    """One panel per column over every step."""
+    """One panel per column over every step, each axis from 0."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -79,7 +79,10 @@ def plot(rows: list[dict], path: str, title: str) -> None:
     fig, axes = plt.subplots(len(cols), 1, figsize=(8, 1.9 * len(cols)), sharex=True, constrained_layout=True)
     steps = [r["step"] for r in rows]
     for ax, (key, name) in zip(axes, cols):
-        ax.plot(steps, [r[key] for r in rows], linewidth=1)
+        values = [r[key] for r in rows]
+        ax.plot(steps, values, linewidth=1)
+        # from 0, to scale: an axis zoomed onto the data draws allocator noise as a slope
+        ax.set_ylim(0, 1.15 * max(v for v in values if v is not None) or 1)
         ax.set_ylabel(name, fontsize=8)
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("step")

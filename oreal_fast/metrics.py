@@ -60,6 +60,7 @@ def reproducible_metrics(row: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in row.items()
             if k != "eta" and k not in HEALTH_KEYS and not any(part in k for part in varying)}
 
+
 class MetricsWriter:
     """Appends one step's metrics to the jsonl, the text log and TensorBoard."""
 
