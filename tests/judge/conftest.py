@@ -1,4 +1,4 @@
-"""A scripted OpenAI-compatible server on 127.0.0.1 for the verifier tests, and a busy machine.
+"""A scripted OpenAI-compatible server on 127.0.0.1 for the verifier tests.
 
 The reply to a chat request is chosen by a marker in the rendered prompt ("REPLY=<kind>",
 placed in the gold answer or the question), so one batch can mix every server behaviour.
@@ -8,11 +8,8 @@ on), so tests assert what happened, never how long it took.
 
 import http.server
 import json
-import os
 import re
 import socket
-import subprocess
-import sys
 import threading
 
 import pytest
@@ -146,27 +143,3 @@ def refused_host():
     port = sock.getsockname()[1]
     sock.close()
     return f"127.0.0.1:{port}"
-
-
-
-class BusyMachine:
-    """Three busy-looping processes (more than CI's two cores) competing with the code under test
-    for the CPU while the ``with`` block runs."""
-
-    def __enter__(self) -> "BusyMachine":
-        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
-        return self
-
-    def cpu_seconds(self) -> float:
-        """CPU time the busy processes have used so far (proof that the load was there)."""
-        total = 0
-        for p in self.procs:
-            with open(f"/proc/{p.pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()  # from field 3 (state) on
-            total += int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
-        return total / os.sysconf("SC_CLK_TCK")
-
-    def __exit__(self, *exc: object) -> None:
-        for p in self.procs:
-            p.kill()
-            p.wait()

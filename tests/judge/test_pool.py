@@ -5,13 +5,13 @@ import os
 import signal
 
 import pytest
-from conftest import BusyMachine
+from cpu_load import BusyMachine
 
 from oreal_fast.judge.pool import OFFICIAL_CHECK, STRICT_CHECK, RulePool, RuleTask, RuleVerdict
 
 YES = RuleTask(OFFICIAL_CHECK, r"\boxed{\frac{1}{2}}", "0.5", 10.0)
 NO = RuleTask(STRICT_CHECK, r"\boxed{4200}", "42", 10.0)
-BURN = "cpu_burn:burn"  # tests/judge/cpu_burn.py: burns float(text) CPU seconds, then True
+BURN = "cpu_load:burn"  # tests/judge/cpu_load.py: burns float(text) CPU seconds, then True
 
 
 @pytest.fixture(scope="module")
@@ -131,8 +131,8 @@ def test_cpu_limit_is_not_moved_by_machine_load():
 def test_a_check_that_cannot_be_imported_is_an_error_not_a_score():
     pool = RulePool(1)
     try:
-        with pytest.raises(RuntimeError, match="'cpu_burn:no_such_check' could not be loaded.*AttributeError"):
-            list(pool.run([RuleTask("cpu_burn:no_such_check", "1", "", 10.0)]))
+        with pytest.raises(RuntimeError, match="'cpu_load:no_such_check' could not be loaded.*AttributeError"):
+            list(pool.run([RuleTask("cpu_load:no_such_check", "1", "", 10.0)]))
         assert dict(pool.run([YES])) == {0: RuleVerdict.CONFIRMED}  # the worker still serves
     finally:
         pool.close()

@@ -5,7 +5,7 @@ pool saw (requests the client gave up on, workers replaced, requests in flight).
 """
 
 import pytest
-from conftest import BusyMachine
+from cpu_load import BusyMachine
 
 from oreal_fast.judge import JudgeItem, Router
 from oreal_fast.judge import router as router_module
@@ -192,8 +192,8 @@ def test_an_item_that_cannot_be_judged_costs_one_counted_failure_not_the_batch(s
 
 
 def test_a_check_over_its_cpu_limit_on_a_busy_machine_scores_and_counts_as_a_timeout(monkeypatch):
-    # the official mode's workers run tests/judge/cpu_burn.py's burn, which spends float(text) CPU seconds
-    monkeypatch.setitem(router_module.RULE_CHECKS, "official", "cpu_burn:burn")
+    # the official mode's workers run tests/judge/cpu_load.py's burn, which spends float(text) CPU seconds
+    monkeypatch.setitem(router_module.RULE_CHECKS, "official", "cpu_load:burn")
     with Router({"math_judger": {"rule_only": True, "num_processes": 2, "rule_timeout_s": 1.0}}, MAPPING) as r:
         r.judge([JudgeItem("Q", "0" + E, "x"), JudgeItem("Q", "0" + E, "x")])  # both workers up
         with BusyMachine() as load:
