@@ -109,12 +109,14 @@ for part in "$@"; do
       rm -rf /tmp/soak_work
       # The judger's stop word is the letter "e" (python-fire keeps the last of a repeated --key): a
       # random model almost never samples <|im_end|>, so with the real stop word no response would
-      # reach a rule check and the judge workers would never run. The run ends by SIGTERM at its next
-      # safe point (no resume state to write), keeping every finished step's row; --foreground sends
-      # it to the trainer alone, which stops its judge workers itself (timeout's default signals the
-      # whole process group, and the last row would count workers killed by it).
+      # reach a rule check and the judge workers would never run. A batch starts at most one worker
+      # per rule check: with a few checks a step, both of 2 workers are up within the first steps.
+      # The run ends by SIGTERM at its next safe point (no resume state to write), keeping every
+      # finished step's row; --foreground sends it to the trainer alone, which stops its judge
+      # workers itself (timeout's default signals the whole process group, and the last row would
+      # count workers killed by it).
       (cd /tmp && timeout --foreground -k 60 "${SOAK_SECONDS:-330}" $PY -m oreal_fast.train "$OLDPWD/configs/a100_40g.py" \
-        "${RANDOM_QWEN[@]}" --judgers_config '{"math_judger": {"hosts": [], "stop_word": "e", "rule_only": True}}' \
+        "${RANDOM_QWEN[@]}" --judgers_config '{"math_judger": {"hosts": [], "stop_word": "e", "rule_only": True, "num_processes": 2}}' \
         --gen_global_batch 32 --gen_max_new "${SOAK_MAX_NEW:-64}" --total_steps 100000 --checkpoint_interval 100 \
         --keep_resume_states 0 --work_dir /tmp/soak_work ${SOAK_ARGS:-}) 2>&1 | tail -c 3000 > "$OUT/soak.log"
       cp /tmp/soak_work/*/rank0.log.jsonl "$OUT/soak.jsonl"
