@@ -10,7 +10,7 @@
 #   decode_profile  where a decode step's GPU time goes -> decode_profile.json
 #   train      the trainer CLI for 3 steps on a random-init 0.5B-shaped folder -> train_*.jsonl
 #   sweep      the linear_logprob tile sweep -> sweep.json
-#   soak       the trainer CLI on the random-init folder for SOAK_SECONDS (default 330) of steps at 32 x 16
+#   soak       the trainer CLI on the random-init folder for SOAK_SECONDS (default 330) of steps of 2 x 16
 #              samples of up to SOAK_MAX_NEW (64) tokens, then benchmarks/soak_report.py -> soak.log,
 #              soak.jsonl, soak_table.md, soak.png, soak_summary.json (does any counter grow?)
 #   torchrun   the same trainer CLI under `torchrun --nproc_per_node 1`, 2 steps -> torchrun.log, torchrun.jsonl
