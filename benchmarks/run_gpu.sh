@@ -16,6 +16,9 @@
 #              start commit's) the same two benchmarks on that version -> decode_baseline.json; then their table
 #   train      the trainer CLI for 3 steps on a random-init 0.5B-shaped folder -> train_*.jsonl
 #   sweep      the linear_logprob tile sweep -> sweep.json
+#   soak       the trainer CLI on the random-init folder for SOAK_SECONDS (default 330) of steps of 2 x 16
+#              samples of up to SOAK_MAX_NEW (64) tokens, then benchmarks/soak_report.py -> soak.log,
+#              soak.jsonl, soak_table.md, soak.png, soak_summary.json (does any counter grow?)
 #   torchrun   the same trainer CLI under `torchrun --nproc_per_node 1`, 2 steps -> torchrun.log, torchrun.jsonl
 #   resume     the CLI at the official batch (64 prompts x 16, gen_max_new RESUME_CAP, default 1024), 3 steps
 #              with an hf-* folder each step: killed with SIGKILL in step 3, then `--resume auto`, then a
@@ -128,6 +131,23 @@ for part in "$@"; do
       $PY benchmarks/compare_runs.py "$OUT/resume_resumed.jsonl" "$OUT/resume_straight.jsonl" \
         --out "$OUT/resume_compare.json" 2>&1 | tail -c 2000 | tee -a "$OUT/resume_resumed.log"
       ;;
+    soak)
+      random_qwen
+      rm -rf /tmp/soak_work
+      # The judger's stop word is the letter "e" (python-fire keeps the last of a repeated --key): a
+      # random model almost never samples <|im_end|>, so with the real stop word no response would
+      # reach a rule check and the judge workers would never run. A batch starts at most one worker
+      # per rule check: with a few checks a step, both of 2 workers are up within the first steps.
+      # The run ends by SIGTERM at its next safe point (no resume state to write), keeping every
+      # finished step's row; --foreground sends it to the trainer alone, which stops its judge
+      # workers itself (timeout's default signals the whole process group, and the last row would
+      # count workers killed by it).
+      (cd /tmp && timeout --foreground -k 60 "${SOAK_SECONDS:-330}" $PY -m oreal_fast.train "$OLDPWD/configs/a100_40g.py" \
+        "${RANDOM_QWEN[@]}" --judgers_config '{"math_judger": {"hosts": [], "stop_word": "e", "rule_only": True, "num_processes": 2}}' \
+        --gen_global_batch 32 --gen_max_new "${SOAK_MAX_NEW:-64}" --total_steps 100000 --checkpoint_interval 100 \
+        --keep_resume_states 0 --work_dir /tmp/soak_work ${SOAK_ARGS:-}) 2>&1 | tail -c 3000 > "$OUT/soak.log"
+      cp /tmp/soak_work/*/rank0.log.jsonl "$OUT/soak.jsonl"
+      $PY benchmarks/soak_report.py "$OUT/soak.jsonl" --out "$OUT" --every 25 2>&1 | tee -a "$OUT/soak.log" ;;
     sweep)
       timeout 150 $PY benchmarks/sweep_linear_logprob.py --out "$OUT/sweep.json" 2>&1 | tee "$OUT/sweep.log" ;;
   esac

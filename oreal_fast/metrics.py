@@ -20,6 +20,8 @@ import math
 import os
 from typing import Any, Iterable
 
+from oreal_fast.health import HEALTH_KEYS
+
 # The keys of the official rank0.log.jsonl, in order (reference 5.1).
 OFFICIAL_KEYS = (
     "step",
@@ -49,12 +51,15 @@ OFFICIAL_KEYS = (
 )
 
 
-
 def reproducible_metrics(row: dict[str, Any]) -> dict[str, Any]:
     """A metrics row without what differs between any two runs of the same steps: wall-clock
-    timings (``*_time``, ``*_time_s``, ``eta``), throughputs (``*_tgs``, ``*_per_s``) and peak memory."""
+    timings (``*_time``, ``*_time_s``, ``eta``), throughputs (``*_tgs``, ``*_per_s``), peak memory
+    and the process's health counters (``oreal_fast.health.HEALTH_KEYS``: memory now, open files,
+    judge workers)."""
     varying = ("time", "tgs", "memory", "per_s")
-    return {k: v for k, v in row.items() if k != "eta" and not any(part in k for part in varying)}
+    return {k: v for k, v in row.items()
+            if k != "eta" and k not in HEALTH_KEYS and not any(part in k for part in varying)}
+
 
 class MetricsWriter:
     """Appends one step's metrics to the jsonl, the text log and TensorBoard."""

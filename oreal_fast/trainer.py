@@ -55,6 +55,7 @@ from oreal_fast.data.chat import render_prompt_ids
 from oreal_fast.data.prompts import DataError, PromptRecord, balance_by_difficulty, load_prompt_records
 from oreal_fast.data.sampler import PromptSampler, repeat_k
 from oreal_fast.evaluate import Evaluator, validation_due
+from oreal_fast.health import health_counters
 from oreal_fast.interrupt import StopRun, StopSignals
 from oreal_fast.judge import JudgeItem, Router
 from oreal_fast.metrics import MetricsWriter, SilentMetrics, dump_trajectories
@@ -543,6 +544,8 @@ class Trainer:
             **{f"max_memory_{name}": gib for name, gib in peaks.phases.items()},
             **{f"judger_{k}": v for k, v in judge_counters.items()},
             **{f"rollout_{k}": v for k, v in self.rollout.stats().items()},
+            # counters that must stay flat over a long run: host memory now, open files, judge workers
+            **health_counters(self.device, judge_workers=self.router.live_workers()),
         }
         return metrics
 
