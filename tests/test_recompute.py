@@ -83,29 +83,53 @@ def _saved_bytes(model: Decoder, num_tokens: int) -> int:
         storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
 
+    device = model.embed.weight.device
     row = pack_sequences([list(range(1, num_tokens // 2 + 1)), list(range(3, num_tokens - num_tokens // 2 + 3))])
-    with torch.autocast("cpu", dtype=torch.bfloat16), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    row = type(row)(row.input_ids.to(device), row.positions.to(device), row.cu_seqlens.to(device), row.max_seqlen)
+    with torch.autocast(device.type, dtype=torch.bfloat16), \
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(row.input_ids, row.positions, row.cu_seqlens, row.max_seqlen)
     return sum(storages.values())
 
 
+def _per_block_per_token(config: DecoderConfig, ops, device: str, lengths: tuple[int, int], backend=None) -> float:
+    """Saved bytes per token and block: measured at two lengths and two depths, so the weights'
+    casts and the per-forward tensors (embedding ids, rope rows, the final norm) cancel."""
+    measured = {}
+    for layers in (1, 3):
+        model = Decoder(dataclasses.replace(config, num_layers=layers), device=device,
+                        attn_backend="sdpa" if device == "cpu" else "auto", compute_dtype=torch.bfloat16,
+                        trunk_ops=ops)
+        model.init_weights()
+        if backend is not None:
+            for block in model.blocks:
+                block.attn.backend = backend
+        measured[layers] = [_saved_bytes(model, n) for n in lengths]
+    grow = lengths[1] - lengths[0]
+    return (measured[3][1] - measured[3][0] - measured[1][1] + measured[1][0]) / (2 * grow)
+
+
 @pytest.mark.parametrize("fused", [False, True])
 def test_block_activation_bytes_is_what_autograd_saves(fused):
-    """The formula against the storages a forward saves, per token and per block: measured at two
-    lengths and two depths, so the weights' casts and the per-forward tensors cancel."""
+    """The formula against the storages a forward saves (fp32 masters, bf16 autocast, an attention
+    that saves what flash attention saves)."""
     if fused and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("the fused trunk ops run on CPU only under TRITON_INTERPRET=1")
     config = DecoderConfig(family="qwen2", vocab_size=64, hidden_size=48, intermediate_size=80, num_layers=1,
                            num_heads=6, num_kv_heads=2, head_dim=8, tie_embeddings=True, qkv_bias=True)
-    measured = {}
-    for layers in (1, 3):
-        model = Decoder(dataclasses.replace(config, num_layers=layers), attn_backend="sdpa",
-                        trunk_ops=TRAIN_OPS if fused else EAGER_OPS)
-        model.init_weights()
-        for block in model.blocks:
-            block.attn.backend = _FlashLikeAttention.apply
-        measured[layers] = [_saved_bytes(model, n) for n in (16, 48)]
-    per_block = (measured[3][1] - measured[3][0] - measured[1][1] + measured[1][0]) / (2 * 32)
+    per_block = _per_block_per_token(config, TRAIN_OPS if fused else EAGER_OPS, "cpu", (16, 48),
+                                     backend=_FlashLikeAttention.apply)
+    assert per_block == block_activation_bytes(config, compute_bytes=2, residual_bytes=4, fused_trunk=fused)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the varlen flash kernel needs CUDA")
+@pytest.mark.parametrize("fused", [False, True])
+def test_block_activation_bytes_on_gpu(fused):
+    """The same at Qwen2.5-0.5B's block shape with torch's varlen flash attention on the GPU."""
+    config = DecoderConfig(family="qwen2", vocab_size=1024, hidden_size=896, intermediate_size=4864, num_layers=1,
+                           num_heads=14, num_kv_heads=2, head_dim=64, rope_theta=1e6, tie_embeddings=True,
+                           qkv_bias=True)
+    per_block = _per_block_per_token(config, TRAIN_OPS if fused else EAGER_OPS, "cuda", (1024, 3072))
     assert per_block == block_activation_bytes(config, compute_bytes=2, residual_bytes=4, fused_trunk=fused)
 
 
