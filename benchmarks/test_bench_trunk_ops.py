@@ -129,6 +129,24 @@ def _block(provider: str):
     return fn, [x, *block.parameters()]
 
 
+def _time(benchmark, step) -> tuple[float, int]:
+    """Median ms per `step` (5 rounds of ITERS after 3 warm-ups: kernels compiled, torch.compile traced,
+    allocator primed) and the peak bytes allocated above what existed before the first timed round."""
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+
+    def timed():
+        for _ in range(ITERS):
+            step()
+        torch.cuda.synchronize()
+
+    benchmark.pedantic(timed, rounds=5, iterations=1)
+    return benchmark.stats.stats.median / ITERS * 1e3, torch.cuda.max_memory_allocated() - base
+
+
 CASES = {"add_rms_norm": _add_rms_norm, "rope": _rope, "silu_mul": _silu_mul, "block": _block}
 PROVIDERS = ("eager", "oreal_fast", "torch_compile", "liger")
 
@@ -154,20 +172,8 @@ def test_trunk_op_fwd_bwd(benchmark, provider, case):
         for t in leaves:
             t.grad = None
 
-    for _ in range(3):  # warm-up: kernels compiled (torch.compile traced), allocator primed
-        step()
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-
-    def timed():
-        for _ in range(ITERS):
-            step()
-        torch.cuda.synchronize()
-
-    benchmark.pedantic(timed, rounds=5, iterations=1)
-    ms = benchmark.stats.stats.median / ITERS * 1e3
-    benchmark.extra_info.update(ms=ms, peak_extra_gib=(torch.cuda.max_memory_allocated() - base) / 2**30)
+    ms, peak_extra = _time(benchmark, step)
+    benchmark.extra_info.update(ms=ms, peak_extra_gib=peak_extra / 2**30)
     if case in MIN_BYTES:
         benchmark.extra_info["gb_per_s"] = MIN_BYTES[case] / (ms * 1e-3) / 1e9
 
@@ -205,15 +211,5 @@ def test_projections(benchmark, provider):
         torch.autograd.backward(outs, grads)  # the one cast keeps no tensor: its graph serves every step
         x.grad = None
 
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-
-    def timed():
-        for _ in range(ITERS):
-            step()
-        torch.cuda.synchronize()
-
-    benchmark.pedantic(timed, rounds=5, iterations=1)
-    benchmark.extra_info["ms"] = benchmark.stats.stats.median / ITERS * 1e3
+    benchmark.extra_info["ms"] = _time(benchmark, step)[0]
     assert all(t.grad is not None and t.grad.dtype == torch.float32 for t in leaves)
