@@ -157,7 +157,8 @@ def test_rope_forward_and_backward_match_eager(device, heads, D):
     (y,), (dx,) = _grads(lambda a: apply_rope(a, cos, sin), [x], seed=heads)
     (y_ref,), (dx_ref,) = _grads(lambda a: apply_rope_eager(a, cos, sin), [x], seed=heads)
     assert y.dtype == dx.dtype == dtype
-    for got, ref, src in ((y, y_ref, x), (dx, dx_ref, dx_ref)):
+    (dy,) = _probes([(T, heads, D)], device, seed=heads)
+    for got, ref, src in ((y, y_ref, x), (dx, dx_ref, dy.to(dtype))):
         a1, a2 = src.float().chunk(2, dim=-1)
         terms = a1.abs() + a2.abs()  # each output is a sum of one product of either half
         bound = 2 * torch.finfo(dtype).eps * torch.cat((terms, terms), dim=-1) + 1e-30
