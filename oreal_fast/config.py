@@ -78,8 +78,10 @@ class TrainConfig:
     """The only generation stop token; must encode to exactly one token id."""
     dtype: str = "auto"
     """Parameter dtype: auto (bf16 where supported, else fp16) | bf16 | fp16 | fp32."""
-    selective_recompute: float = 1.0
-    """Fraction of decoder layers whose activations are recomputed in backward, in [0, 1]."""
+    selective_recompute: float | None = None
+    """Fraction of decoder layers whose activations are recomputed in backward, in [0, 1] (official: 1.0);
+    None = planned: no layer when a micro-batch's activations (rl_micro_batch_tokens) fit under the
+    memory cap, else the fewest whole layers that make them fit (oreal_fast.recompute)."""
     cpu_offload: bool = False
     """Official: FSDP CPU offload of parameters. Not implemented here: True is a config error."""
     cuda_graph: bool = True
@@ -243,6 +245,9 @@ class TrainConfig:
     # --- ours ---
     loss_impl: str = "auto"
     """The LM-head kernels' impl: auto (triton on CUDA, eager on CPU) | triton | eager."""
+    trunk_kernels: str = "auto"
+    """The trained models' RMSNorm, residual add, rope and SwiGLU, forward and backward: auto (triton on
+    CUDA, eager on CPU) | triton (oreal_fast.kernels.trunk_train) | eager (PyTorch ops, autograd's backward)."""
     loss_kernel: str = "linear_logprob"
     """Actor loss: linear_logprob (fused log-probs, then the loss in PyTorch) | fused_oreal_loss
     (the whole OREAL loss inside the LM-head kernel)."""
@@ -488,7 +493,7 @@ def _check_ranges(c: _Checker, cfg: TrainConfig) -> None:
         value = getattr(cfg, key)
         if not math.isfinite(value) or value < 0:
             c.fail(key, f"must be a finite float >= 0, got {value}")
-    _in_range(c, cfg, "selective_recompute", 0.0, 1.0, "[0, 1]", lambda v, lo, hi: lo <= v <= hi)
+    _in_range(c, cfg, "selective_recompute", 0.0, 1.0, "None or [0, 1]", lambda v, lo, hi: v is None or lo <= v <= hi)
     _in_range(c, cfg, "gen_top_p", 0.0, 1.0, "(0, 1]", lambda v, lo, hi: lo < v <= hi)
     _in_range(c, cfg, "correct_threshold", 0.0, 1.0, "[0, 1)", lambda v, lo, hi: lo <= v < hi)
     _in_range(c, cfg, "incorrect_threshold", 0.0, 1.0, "[0, 1)", lambda v, lo, hi: lo <= v < hi)
@@ -502,6 +507,7 @@ def _check_ranges(c: _Checker, cfg: TrainConfig) -> None:
     choices = {
         "dtype": ("auto", "bf16", "fp16", "fp32"), "reward_shaping_type": ("rloo", "grpo"),
         "kl_type": ("kl", "unbias", "mse"), "loss_impl": ("auto", "triton", "eager"),
+        "trunk_kernels": ("auto", "triton", "eager"),
         "loss_kernel": ("linear_logprob", "fused_oreal_loss"),
         "device": ("auto", "cpu", "cuda"),
     }
@@ -581,9 +587,10 @@ def _check_combinations(c: _Checker, cfg: TrainConfig) -> None:
     on_cpu = cfg.device == "cpu" or not torch.cuda.is_available()
     if on_cpu and cfg.dtype in ("bf16", "fp16"):
         c.fail("dtype", f"{cfg.dtype!r} needs a GPU; on CPU use 'fp32' or 'auto' (which picks fp32 there)")
-    if on_cpu and cfg.loss_impl == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
-        c.fail("loss_impl", "'triton' on CPU runs the Triton kernels in their interpreter: set "
-               "TRITON_INTERPRET=1, or use 'eager' or 'auto'")
+    for key in ("loss_impl", "trunk_kernels"):
+        if on_cpu and getattr(cfg, key) == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+            c.fail(key, "'triton' on CPU runs the Triton kernels in their interpreter: set "
+                   "TRITON_INTERPRET=1, or use 'eager' or 'auto'")
     if cfg.gpu_memory_limit_gib is not None:
         if on_cpu:
             c.fail("gpu_memory_limit_gib", "caps GPU memory, but the run is on CPU (set it to None)")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, NamedTuple
 
 import torch
@@ -44,7 +45,8 @@ from oreal_fast.algo import (
 from oreal_fast.kernels import fused_oreal_loss, linear_logprob
 from oreal_fast.model.decoder import Decoder, TokenRewardModel
 from oreal_fast.parallel import DataParallel, full_tensor, sum_over_ranks
-from oreal_fast.trajectories import RLMicroBatch, Trajectory, make_micro_batches, plan_micro_batches
+from oreal_fast.trajectories import (RLMicroBatch, Trajectory, iter_micro_batches, make_micro_batches,
+                                     plan_micro_batches)
 
 LOSS_KERNELS = ("linear_logprob", "fused_oreal_loss")
 
@@ -246,11 +248,12 @@ def rl_phase(
     norm = global_normalisers(lens, rewards)
     num_micro = [len(plan_micro_batches([t.num_tokens for t in share], micro_batch_size, token_budget))
                  for share in (DataParallel(r, dp.world_size).share(kept) for r in range(dp.world_size))]
-    micro_batches = make_micro_batches(dp.share(kept), micro_batch_size, token_budget, device)
-    num_pad = max(num_micro) - len(micro_batches)
+    num_pad = max(num_micro) - num_micro[dp.rank]
     pads = make_micro_batches(kept[:1], 1, 0, device) * num_pad if num_pad else []
+    # packed one at a time, each while the GPU still runs the one before (iter_micro_batches)
+    micro_batches = iter_micro_batches(dp.share(kept), micro_batch_size, token_budget, device)
     total = None
-    for micro, pad in [(m, False) for m in micro_batches] + [(m, True) for m in pads]:
+    for micro, pad in chain(((m, False) for m in micro_batches), ((m, True) for m in pads)):
         sums = rl_micro_step(models, micro, norm, settings, update_actor=update_actor, pad=pad)
         total = sums if total is None else MicroStepSums(*(a + b for a, b in zip(total, sums)))
     return MicroStepSums(*sum_over_ranks(dp, list(total)))

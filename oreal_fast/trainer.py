@@ -58,6 +58,7 @@ from oreal_fast.evaluate import Evaluator, validation_due
 from oreal_fast.health import health_counters
 from oreal_fast.interrupt import StopRun, StopSignals
 from oreal_fast.judge import JudgeItem, Router
+from oreal_fast.kernels.trunk_train import trunk_ops_for
 from oreal_fast.metrics import MetricsWriter, SilentMetrics, dump_trajectories
 from oreal_fast.model.decoder import max_rope_positions
 from oreal_fast.model.hf_io import load_decoder, load_token_rm, load_tokenizer
@@ -71,7 +72,7 @@ from oreal_fast.parallel import (
     init_data_parallel,
     parallelize,
 )
-from oreal_fast.recompute import apply_selective_recompute
+from oreal_fast.recompute import apply_recompute_plan
 from oreal_fast.rl_step import (
     MicroStepSums,
     Precision,
@@ -314,10 +315,11 @@ class Trainer:
     def _load_models(self) -> None:
         """Actor and token RM as fp32 masters, the frozen reference in the compute dtype (1.1)."""
         cfg, device, compute = self.cfg, self.device, self.precision.compute_dtype
+        ops = trunk_ops_for(cfg.trunk_kernels, device)
         with model_ref_errors(cfg, "actor"):
-            actor = load_decoder(cfg.actor, dtype=torch.float32, device=device, compute_dtype=compute)
+            actor = load_decoder(cfg.actor, dtype=torch.float32, device=device, compute_dtype=compute, trunk_ops=ops)
         with model_ref_errors(cfg, "reference"):
-            reference = load_decoder(cfg.reference or cfg.actor, dtype=compute, device=device)
+            reference = load_decoder(cfg.reference or cfg.actor, dtype=compute, device=device, trunk_ops=ops)
         reference.requires_grad_(False).eval()
         if cfg.gen_max_length > max_rope_positions(actor.config):
             raise ConfigError(f"gen_max_length in {cfg.config_path}: {cfg.gen_max_length} is above the "
@@ -325,11 +327,10 @@ class Trainer:
         token_rm = None
         if cfg.token_level_rm is not None:
             with model_ref_errors(cfg, "token_level_rm"):
-                token_rm = load_token_rm(cfg.token_level_rm, dtype=torch.float32, device=device, compute_dtype=compute)
-        # the trained models keep activations for backward; the official run recomputes every block
-        apply_selective_recompute(actor, cfg.selective_recompute)
-        if token_rm is not None:
-            apply_selective_recompute(token_rm.backbone, cfg.selective_recompute)
+                token_rm = load_token_rm(cfg.token_level_rm, dtype=torch.float32, device=device, compute_dtype=compute,
+                                         trunk_ops=ops)
+        # the trained models keep activations for backward: recompute the blocks memory needs (or the config's ratio)
+        self._notes.append(apply_recompute_plan(cfg, [actor] + ([token_rm.backbone] if token_rm is not None else []), compute))
         if self.dp.enabled:  # FSDP2 after recompute, before the optimisers see the parameters
             parallelize(actor, actor.blocks, device)
             parallelize(reference, reference.blocks, device)
