@@ -34,7 +34,7 @@ SAMPLER_CONFIGS = {
     "chunk4096": dict(chunk=4096),
     "bins128": dict(num_bins=128, bins_per_doubling=16, units_per_log2=64.0),
     "sweep_warps4": dict(sweep_warps=4),
-    "cap8192": dict(cap=8192, budget=2000),
+    "cap16384": dict(cap=16384, budget=4000),
 }
 
 

@@ -47,7 +47,7 @@ bins), sweep 2 one exp2, two compares and, for chunks holding bracket tokens, a 
 Draw reads the buffered tokens (at most `cap` per row, 8 bytes each) and one chunk of logits.
 All sums, maxima and masses are fp32; counts are exact in fp32 below 2^24 > V. Allocated per call:
 [B, chunks] fp32 statistics, [B, chunks, num_bins] int32 histograms, [B, cap] fp32 values and
-int32 indices (32 MiB at B = 256 on CUDA), the [B] int64 output: no [B, V] tensor, no host sync,
+int32 indices (16 MiB at B = 256 on CUDA), the [B] int64 output: no [B, V] tensor, no host sync,
 no allocation that depends on data, so the call can be captured in a CUDA graph.
 
 Limits: the fallback costs a few sweeps of one row by one program (tens of microseconds); it runs
@@ -97,11 +97,12 @@ class _Config:
     draw_warps: int
 
 
-# Picked for V = 151936 in bf16 from an offline study of the bracket on synthetic rows (normal,
-# Zipf, Gumbel, one-hot-like; top-p 0.5-0.99, temperature 0.7-1.3): 64 bins miss about 1 row in 80
-# of the hardest ones, 32 bins one in 6; the budget keeps the estimate's usual error (~100 tokens,
-# up to ~5000 on flat heavy-tailed rows) inside the bracket.
-_CUDA = _Config(chunk=8192, num_bins=64, bins_per_doubling=8, budget=4000, cap=16384,
+# Picked for V = 151936 in bf16 from a study of the bracket on synthetic rows (normal with spread
+# 0.1-6, Zipf, Gumbel, a few tokens far above the rest; top-p 0.5-0.99, temperature 0.7-1.3): the
+# estimate is usually within ~100 tokens, up to a few thousand on flat heavy-tailed rows; with 64
+# bins and 2000 tokens a side, 1 row in 320 fell back (32 bins: about one in 6 of the hardest).
+# The buffer's keys, indices and weights must fit in registers: 8192 slots take 96 KiB.
+_CUDA = _Config(chunk=8192, num_bins=64, bins_per_doubling=8, budget=2000, cap=8192,
                 units_per_log2=32.0, sweep_warps=8, draw_warps=16)
 # The interpreter gets a small buffer and a narrow bracket (24 tokens a side), so the CPU tests
 # check the estimate as well as the exact parts.
@@ -544,7 +545,7 @@ def _compact_kernel(
 @triton.jit
 def _bisect_key(key, wts, target):
     """The largest int32 k with sum(wts where key >= k) >= target, for 0 < target <= sum(wts):
-    a key of a token of positive weight, as int64."""
+    a key of a token of positive weight, as int64 (the bracket [lo, hi) spans 2^32)."""
     lo = tl.full([], -(2**31), tl.int64)
     hi = tl.full([], 2**31, tl.int64)
     for _ in range(32):
@@ -596,17 +597,17 @@ def _draw_kernel(
         m = tl.load(Plan_ptr + row * 4)
         above_c = tl.load(Above_ptr + row * num_chunks + c, mask=c_ok, other=0.0)
         n = tl.load(Cnt_ptr + row)
-        have = i < n
         src = row.to(tl.int64) * CAP + i
-        xs = tl.load(Xs_ptr + src, mask=have, other=-float("inf"))
-        ids = tl.load(Ids_ptr + src, mask=have, other=V)
-        w = tl.where(have, tl.exp2((xs - m) * c2), 0.0)
-        key = _key(xs).to(tl.int64)
+        xs = tl.load(Xs_ptr + src, mask=i < n, other=-float("inf"))
+        # Only keys and weights stay live through the bisections (CAP values each: registers are
+        # the limit here); the indices are loaded once the threshold is known.
+        key = _key(xs)
+        w = tl.exp2((xs - m) * c2)  # 0 on the -inf padding
         ok = n <= CAP
         if TOP_K:
             # The buffer holds every token >= L; with at least k of them it holds the k-th.
             ok = ok & (n >= top_k)
-            t_key = _bisect_key(key, have.to(tl.float32), top_k * 1.0)
+            t_key = _bisect_key(key, (i < n).to(tl.float32), top_k * 1.0)
             w = tl.where(key >= t_key, w, 0.0)
         if TOP_P:
             if TOP_K:
@@ -618,13 +619,14 @@ def _draw_kernel(
                 ok = ok & (base < target) & (base + tl.sum(w, 0) >= target)
             t_key = _bisect_key(key, w, target - base)
             above = base + tl.sum(tl.where(key > t_key, w, 0.0), 0)
-            tied = have & (key == t_key)
-            count = tl.sum(tied.to(tl.float32), 0)
+            count = tl.sum(((i < n) & (key == t_key)).to(tl.float32), 0)
             e_t = tl.exp2((_value(t_key.to(tl.int32)) - m) * c2)
             # The official rule keeps a tied token while the mass sorted above it is < target.
             num_ties = tl.minimum(tl.maximum(tl.ceil((target - above) / e_t), 1.0), count)
+        ids = tl.load(Ids_ptr + src, mask=i < n, other=V)
+        if TOP_P:
             if ok & (num_ties < count):
-                tie_idx = _nth_index(ids, tied, num_ties, V, INDEX_ITERS)
+                tie_idx = _nth_index(ids, (i < n) & (key == t_key), num_ties, V, INDEX_ITERS)
         wk = tl.where((key > t_key) | ((key == t_key) & (ids <= tie_idx)), w, 0.0)
     else:
         m_c = tl.load(Mc_ptr + row * num_chunks + c, mask=c_ok, other=-float("inf"))

@@ -107,8 +107,8 @@ def _paths_config(path, device, V):
     wrong (a negative budget puts it above the threshold: the check fails) or overflowing a
     16-slot buffer (every row falls back)."""
     cfg = smp._config(torch.device(device), V)
-    if path == "wide":
-        return dataclasses.replace(cfg, budget=2 * V, cap=_next_pow2(2 * V))
+    if path == "wide":  # (on CUDA the default buffer holds V = 300: no kernel to compile again)
+        return dataclasses.replace(cfg, budget=2 * V, cap=max(cfg.cap, _next_pow2(V)))
     if path == "miss":
         return dataclasses.replace(cfg, budget=-V)
     return dataclasses.replace(cfg, budget=2 * V, cap=16)
@@ -129,12 +129,13 @@ def test_both_paths_match_eager(path, temperature, top_k, top_p, device):
 
 
 def test_bracket_of_a_few_percent_resolves_ordinary_rows(device):
-    """The estimate is good enough that a bracket of V / 40 tokens a side (CUDA's 4000 of 151936)
+    """The estimate is good enough that a bracket of V / 40 tokens a side (CUDA's is V / 76)
     holds the threshold on ordinary rows, the planted one-token row included. (The planted
     near-uniform row, all logits within 1e-3, fits in one histogram bin: it may fall back.)"""
     V = 5000
     x, u = _logits(8, V, device, seed=12)
-    cfg = dataclasses.replace(smp._config(torch.device(device), V), budget=V // 40, cap=512)
+    cfg = smp._config(torch.device(device), V)
+    cfg = dataclasses.replace(cfg, budget=V // 40, cap=max(cfg.cap, 512))
     for top_k, top_p in [(0, 0.9), (20, 0.9), (50, 1.0), (0, 0.5)]:
         tokens, resolved = smp._sample(x, u, 1.0, top_k, top_p, cfg)
         resolved[1] = 1
@@ -175,7 +176,7 @@ def test_distribution_matches_official_probabilities(device, monkeypatch):
     assert (probs[kept] * N).min() >= 5, "chi-square needs >= 5 expected draws per cell"
     g = torch.Generator(device=device).manual_seed(0)
     u = torch.rand(N, generator=g, device=device)
-    # 2^13 rows a call: on CUDA the kernel's per-row buffers (128 KiB a row) stay at 1 GiB
+    # 2^13 rows a call: on CUDA the kernel's per-row buffers (64 KiB a row) stay at 512 MiB
     tokens = torch.cat([sample_from_logits(x[i:i + 2**13], u[i:i + 2**13], top_k=params.top_k,
                                            top_p=params.top_p) for i in range(0, N, 2**13)]).cpu()
     assert kept[tokens].all(), f"tokens outside the kept set: {sorted(set(tokens[~kept[tokens]].tolist()))}"
@@ -303,7 +304,7 @@ def test_bf16_qwen_vocabulary_distribution():
     probs = (w / w.sum()).cpu()
     g = torch.Generator(device="cuda").manual_seed(1)
     u = torch.rand(N, generator=g, device="cuda")
-    # 2^13 rows a call: the kernel's per-row buffers (128 KiB a row) stay at 1 GiB
+    # 2^13 rows a call: the kernel's per-row buffers (64 KiB a row) stay at 512 MiB
     tokens = torch.cat([sample_from_logits(x.expand(2**13, -1), u[i:i + 2**13], **kw)
                         for i in range(0, N, 2**13)]).cpu()
     assert (probs[tokens] > 0).all(), "a token outside the kept set"
