@@ -22,8 +22,8 @@ step() {  # name, seconds, command...
 step tests 100 python3 -m pytest -q -p no:cacheprovider \
   tests/kernels/test_paged_attention.py tests/kernels/test_sampling_kernel.py > "$OUT/tests.log" 2>&1
 tail -3 "$OUT/tests.log"
-step sweep 70 python3 benchmarks/sweep_decode_kernels.py sweep "$OUT/sweep.json" > "$OUT/sweep.log" 2>&1
-step bench 60 python3 -m pytest -q -p no:cacheprovider --benchmark-only --benchmark-json "$OUT/bench.json" \
+step sweep 80 python3 benchmarks/sweep_decode_kernels.py sweep "$OUT/sweep.json" > "$OUT/sweep.log" 2>&1
+step bench 55 python3 -m pytest -q -p no:cacheprovider --benchmark-only --benchmark-json "$OUT/bench.json" \
   --benchmark-columns=median,iqr,rounds --benchmark-sort=name \
   benchmarks/test_bench_paged_attention.py benchmarks/test_bench_sampling.py > "$OUT/bench.log" 2>&1
 tail -2 "$OUT/bench.log"

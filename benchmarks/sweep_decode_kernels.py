@@ -26,8 +26,8 @@ smp = importlib.import_module("oreal_fast.kernels.sampling")
 
 HQ, HKV, D, BLOCK, V = 14, 2, 64, 16, 151936
 ATTN_SHAPES = [(256, 2048, 2048), (64, 8192, 8192), (256, 128, 128), (16, 128, 128), (1, 128, 16384)]
-TILE_SHAPES = [(32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 2), (64, 8, 3),
-               (128, 4, 2), (128, 4, 3), (128, 8, 3)]
+TILE_SHAPES = [(32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 8, 2), (64, 8, 3), (128, 4, 2),
+               (128, 4, 3)]  # (block_n, num_warps, num_stages)
 PROGRAMS_PER_SM = (2, 4, 8)
 SAMPLER_CONFIGS = {
     "default": {},
