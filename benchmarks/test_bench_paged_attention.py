@@ -1,49 +1,85 @@
-"""Decode attention benchmarks: oreal_fast.kernels.paged_decode_attention beside its peers.
+"""Decode attention benchmarks: oreal_fast.kernels.paged_decode_attention beside its start version
+and a dense peer.
 
 Run: `pytest benchmarks/test_bench_paged_attention.py --benchmark-only` (CUDA only).
 Qwen2.5-0.5B attention shapes (Hq 14, Hkv 2, D 64, bf16), one query token per sequence, every
-sequence at the case's context length; the pool's blocks are a random permutation, as after a
-while of allocation and freeing.
+sequence at the case's context length, 16-token blocks (the engine's default) in a random
+permutation of the pool, as after a while of allocation and freeing. Cases: the decode grid of
+the rollout-engine issue (live batch @ context); `table` is the block table's span: `tight` (the
+context) or `wide` (16384 tokens, the official max length: the engine's tables span its max
+model length, and the split count follows the span).
 Providers:
   oreal_fast  paged_decode_attention (the Triton kernels)
-  eager       paged_decode_attention_eager (gather the blocks, fp32 einsum)
-  sdpa_dense  torch SDPA over a contiguous [B, L, Hkv, D] cache exactly L = context long (no
-              paging, no mask: the peer's best case)
-Each case records extra_info["us"] (median time of one call) and extra_info["gb_per_s"] (bytes of
-K and V the call must read, 2 * B * L * Hkv * D * 2, over that time). The smallest cases
-(64 x 512: 16 MiB of K/V) fit the 60 MB L2, so their rate can exceed HBM bandwidth.
+  start       the same kernels as at commit 22e84bc (benchmarks/start_kernels.py)
+  sdpa_dense  torch SDPA over a contiguous [B, L, Hkv, D] cache exactly L long (no paging, no
+              mask: the peer's best case)
+Every call is timed inside a CUDA graph of `CALLS` calls, so the small cases measure the GPU, not
+the launch path. Each case records extra_info: `us` (median per call), `gb_per_s` (bytes of K and
+V the call must read, 2 * B * L * Hkv * D * 2, over that time), `copy_gb_per_s` (a device-to-device
+copy measured in the same session, read + write bytes) and `frac_of_copy`. Small cases (under
+~50 MB of K/V) sit in the 50-60 MB L2 between calls, so their rate can exceed HBM bandwidth.
 """
+
+import importlib
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from oreal_fast.kernels import paged_decode_attention, paged_decode_attention_eager
+from start_kernels import start_paged_decode_attention
+from oreal_fast.kernels import paged_decode_attention
 
-HQ, HKV, D = 14, 2, 64
-BATCHES = (64, 256, 1024)
-CONTEXTS = (512, 2048, 16384)
-BLOCK_SIZES = (16, 64)
-PROVIDERS = ("oreal_fast", "eager", "sdpa_dense")
-# Calls per timed round: one call of the smaller cases lasts a few microseconds, well under
-# the cost of the host synchronisation that ends a round.
-CALLS_PER_ROUND = {"oreal_fast": 20, "sdpa_dense": 20, "eager": 1}
-# The eager twin at these sizes takes seconds per call, past the suite's budget.
-EAGER_MAX_TOKENS = 256 * 2048
+pa = importlib.import_module("oreal_fast.kernels.paged_attention")
+
+HQ, HKV, D, BLOCK = 14, 2, 64, 16
+WIDE_TABLE = 16384
+CASES = [(1, 128, "tight"), (16, 128, "tight"), (64, 128, "tight"), (256, 128, "tight"),
+         (256, 2048, "tight"), (64, 8192, "tight"), (1, 128, "wide"), (256, 128, "wide")]
+PROVIDERS = ("oreal_fast", "start", "sdpa_dense")
+CALLS = 20
 
 
-def _paged(B: int, L: int, block_size: int, g: torch.Generator):
-    """q [B, Hq, D], K/V pools [B * L / bs, bs, Hkv, D] and tables [B, L / bs] (a permutation)."""
-    num_blocks = B * L // block_size
+@pytest.fixture(scope="session")
+def copy_gb_per_s() -> float:
+    """Device-to-device copy rate of 1 GiB, read + write bytes, median of 10."""
+    src = torch.empty(2**29, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(12):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2 * src.numel() * 2 / sorted(times[2:])[5] / 1e9
+
+
+def graph_of(fn, calls: int) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of `calls` calls of fn (after one warm-up call that compiles)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return graph
+
+
+def _paged(B: int, L: int, table_tokens: int, g: torch.Generator):
+    """q [B, Hq, D], K/V pools in random block order, tables [B, table_tokens / 16], lens [B] = L."""
+    used = L // BLOCK
+    num_blocks = B * used
     q = torch.randn(B, HQ, D, device="cuda", generator=g, dtype=torch.bfloat16)
-    k = torch.randn(num_blocks, block_size, HKV, D, device="cuda", generator=g, dtype=torch.bfloat16)
+    k = torch.randn(num_blocks, BLOCK, HKV, D, device="cuda", generator=g, dtype=torch.bfloat16)
     v = torch.randn_like(k)
-    tables = torch.randperm(num_blocks, device="cuda", generator=g).int().view(B, L // block_size)
+    tables = torch.zeros(B, table_tokens // BLOCK, dtype=torch.int32, device="cuda")
+    tables[:, :used] = torch.randperm(num_blocks, device="cuda", generator=g).int().view(B, used)
     lens = torch.full((B,), L, dtype=torch.int32, device="cuda")
     return q, k, v, tables, lens
 
 
-def _call(provider: str, B: int, L: int, block_size: int):
+def _call(provider: str, B: int, L: int, table_tokens: int):
     g = torch.Generator(device="cuda").manual_seed(0)
     if provider == "sdpa_dense":
         q = torch.randn(B, HQ, 1, D, device="cuda", generator=g, dtype=torch.bfloat16)
@@ -51,33 +87,31 @@ def _call(provider: str, B: int, L: int, block_size: int):
         v = torch.randn_like(k)
         return lambda: F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2),
                                                       enable_gqa=True)
-    args = _paged(B, L, block_size, g)
-    fn = paged_decode_attention if provider == "oreal_fast" else paged_decode_attention_eager
+    args = _paged(B, L, table_tokens, g)
+    fn = paged_decode_attention if provider == "oreal_fast" else start_paged_decode_attention
     return lambda: fn(*args)
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
-@pytest.mark.parametrize("block_size", BLOCK_SIZES)
-@pytest.mark.parametrize("L", CONTEXTS, ids=[f"L{c}" for c in CONTEXTS])
-@pytest.mark.parametrize("B", BATCHES, ids=[f"B{b}" for b in BATCHES])
-def test_paged_decode_attention(benchmark, B, L, block_size, provider):
-    if provider == "sdpa_dense" and block_size != BLOCK_SIZES[0]:
-        pytest.skip("sdpa_dense has no blocks: run once per shape")
-    if provider == "eager" and B * L > EAGER_MAX_TOKENS:
-        pytest.skip(f"eager runs up to {EAGER_MAX_TOKENS} cached tokens")
-    fn = _call(provider, B, L, block_size)
-    calls = CALLS_PER_ROUND[provider]
+@pytest.mark.parametrize("B,L,table", CASES, ids=[f"B{b}-L{n}-{t}" for b, n, t in CASES])
+def test_paged_decode_attention(benchmark, copy_gb_per_s, B, L, table, provider):
+    if provider == "sdpa_dense" and table == "wide":
+        pytest.skip("sdpa_dense has no block table: run once per shape")
+    table_tokens = WIDE_TABLE if table == "wide" else L
+    graph = graph_of(_call(provider, B, L, table_tokens), CALLS)
 
     def step():
-        for _ in range(calls):
-            fn()
+        graph.replay()
         torch.cuda.synchronize()
 
-    rounds = 10 if provider != "eager" else 3
-    benchmark.pedantic(step, rounds=rounds, warmup_rounds=1, iterations=1)
-    seconds = benchmark.stats.stats.median / calls
-    benchmark.extra_info["us"] = seconds * 1e6
-    benchmark.extra_info["gb_per_s"] = 2 * B * L * HKV * D * 2 / seconds / 1e9
-    benchmark.extra_info.update(B=B, L=L, block_size=block_size)
-    del fn
+    benchmark.pedantic(step, rounds=20, warmup_rounds=2, iterations=1)
+    seconds = benchmark.stats.stats.median / CALLS
+    gb_per_s = 2 * B * L * HKV * D * 2 / seconds / 1e9
+    benchmark.extra_info.update(B=B, L=L, table_tokens=table_tokens, block_size=BLOCK, us=seconds * 1e6,
+                                gb_per_s=gb_per_s, copy_gb_per_s=copy_gb_per_s,
+                                frac_of_copy=gb_per_s / copy_gb_per_s)
+    if provider == "oreal_fast":
+        benchmark.extra_info["num_splits"] = pa._num_splits(B, HKV, table_tokens, pa._TILES_CUDA,
+                                                            torch.device("cuda"))
+    graph.reset()  # frees its memory pool before the next case allocates
     torch.cuda.empty_cache()

@@ -23,10 +23,11 @@ program whose split starts past the context writes a neutral partial (max -inf, 
 (`_paged_decode_combine_kernel`), grid (B, Hq), merges the splits by log-sum-exp weighting. With
 one split, stage 1 writes the output itself and stage 2 does not run.
 
-num_splits comes from shapes only: enough programs to fill the SMs (B * Hkv against
-`_PROGRAMS_PER_SM` per multiprocessor), at most one split per `min_split_tokens` of the block
-table's span (max_blocks * block_size). Nothing reads context_lens on the host and the workspace
-size depends on shapes only, so the call is CUDA-graph capturable.
+num_splits comes from shapes only: B * Hkv * num_splits is the nearest to `programs_per_sm`
+programs per multiprocessor (one full wave: every program starts at once and none waits for a
+second wave), with at most one split per `min_split_tokens` of the block table's span
+(max_blocks * block_size). Nothing reads context_lens on the host and the workspace size depends
+on shapes only, so the call is CUDA-graph capturable.
 
 Memory: reads each sequence's K and V once (2 * n * Hkv * D elements), q once. Workspace with
 num_splits > 1: [B, Hq, num_splits, D] fp32 partial outputs and [B, Hq, num_splits] fp32 max and
@@ -59,9 +60,6 @@ _LOG2E = 1.4426950408889634
 # Stand-in for -inf inside the walk: exp2 of it minus a real max is 0, never NaN. Every tile the
 # walk visits holds at least one real token, so the running max is real after the first tile.
 _NEG_BIG = tl.constexpr(-1.0e30)
-# Stage 1 aims for this many programs per multiprocessor: decode is memory-bound, and several
-# resident programs per SM keep enough loads in flight.
-_PROGRAMS_PER_SM = 4
 _MAX_SPLITS = 32
 # Eager twin: sequences per chunk so that one gathered K (or V) chunk holds about this many elements.
 _EAGER_CHUNK_ELEMS = 2**24
@@ -69,19 +67,22 @@ _EAGER_CHUNK_ELEMS = 2**24
 
 @dataclass(frozen=True)
 class _Tiles:
-    """Tile size of the key/value walk, the shortest split worth a program, launch shape."""
+    """Tile size of the key/value walk, the split target, the shortest split worth a program,
+    launch shape."""
 
     block_n: int
+    # stage 1 aims for this many programs per multiprocessor: decode is memory-bound, and several
+    # resident programs per SM keep enough loads in flight
+    programs_per_sm: int
     min_split_tokens: int
     num_warps: int
     num_stages: int
 
 
-_TILES_CUDA = _Tiles(block_n=64, min_split_tokens=512, num_warps=4, num_stages=2)
-# The interpreter gets small tiles and short splits, so small test shapes cross tiles and splits.
-_TILES_INTERPRET = _Tiles(block_n=16, min_split_tokens=32, num_warps=1, num_stages=1)
-# The interpreter has no SM count; this stands in for the number of programs to aim for.
-_INTERPRET_TARGET_PROGRAMS = 8
+_TILES_CUDA = _Tiles(block_n=64, programs_per_sm=4, min_split_tokens=512, num_warps=4, num_stages=2)
+# The interpreter gets small tiles and short splits, so small test shapes cross tiles and splits;
+# it has no SM count: one stands in (so its target is programs_per_sm programs).
+_TILES_INTERPRET = _Tiles(block_n=16, programs_per_sm=8, min_split_tokens=32, num_warps=1, num_stages=1)
 
 
 @triton.jit
@@ -177,13 +178,11 @@ def _tiles(device: torch.device) -> _Tiles:
 
 
 def _num_splits(B: int, Hkv: int, max_tokens: int, tiles: _Tiles, device: torch.device) -> int:
-    """Splits of stage 1 from shapes only: fill the GPU, never below `min_split_tokens` a split."""
-    if device.type == "cuda":
-        target = _PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
-    else:
-        target = _INTERPRET_TARGET_PROGRAMS
-    by_load = triton.cdiv(target, max(B * Hkv, 1))
-    by_length = max(1, max_tokens // tiles.min_split_tokens)
+    """Splits of stage 1 from shapes only: about one full wave of programs, never below
+    `min_split_tokens` a split."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+    by_load = round(tiles.programs_per_sm * sms / max(B * Hkv, 1))
+    by_length = max_tokens // tiles.min_split_tokens
     return max(1, min(by_load, by_length, _MAX_SPLITS))
 
 
@@ -236,7 +235,7 @@ def _check_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-            num_splits: int | None) -> torch.Tensor:
+            num_splits: int | None, tiles: _Tiles) -> torch.Tensor:
     """Runs stage 1 (and stage 2 with more than one split); returns out [B, Hq, D] in q's dtype."""
     B, Hq, D = q.shape
     block_size, Hkv = k_cache.shape[1], k_cache.shape[2]
@@ -244,7 +243,6 @@ def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if B == 0:
         return out
-    tiles = _tiles(q.device)
     S = num_splits or _num_splits(B, Hkv, block_tables.shape[1] * block_size, tiles, q.device)
     if S > 1:
         work = torch.empty((B, Hq, S, D), dtype=torch.float32, device=q.device)
@@ -313,7 +311,7 @@ def paged_decode_attention(
     if num_splits is not None and num_splits < 1:
         raise ValueError(f"paged_decode_attention: num_splits must be >= 1, got {num_splits}")
     scale = q.shape[2] ** -0.5 if scale is None else scale
-    return _launch(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits)
+    return _launch(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, _tiles(q.device))
 
 
 def _eager_chunk(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -1,4 +1,4 @@
-"""Exact temperature / top-k / top-p sampling from [B, V] logits without sorting the vocabulary.
+"""Exact temperature / top-k / top-p sampling from [B, V] logits in two sweeps over the vocabulary.
 
 The math this file replaces, as eager code (the official rule, reference 4.2, and
 `oreal_fast.rollout.sampling.sample_next_token`):
@@ -9,53 +9,60 @@ The math this file replaces, as eager code (the official rule, reference 4.2, an
     drop = s.softmax(-1).cumsum(-1) <= 1 - top_p; drop[:, -1] = False    # the smallest top set reaching top_p
     token = multinomial(z.masked_fill(drop scattered back, -inf).softmax(-1))
 
-Here the kept set is found by searching in value space, and the token is drawn by inverse CDF
-from one caller-made uniform u per row: the first index i, in vocabulary order, whose running
-kept mass exceeds u * kept_mass. One Triton program owns one row and streams it several times:
+The token is drawn by inverse CDF from one caller-made uniform u per row: the first index i, in
+vocabulary order, whose running kept mass exceeds u * kept_mass. Weights are
+e(x) = exp2((x - m) * c2) with m the row max and c2 = log2(e) / temperature. The kept set is
+"x > t, plus the first n tokens tied at t in vocabulary order" for a threshold t found without
+sorting. Four kernels, the row cut into chunks of `chunk` tokens:
 
-1. statistics: row max m (and the smallest finite logit and the number of finite logits when
-   top-k is on);
-2. top-k: a selection of the k-th largest value (`_select` with unit weights);
-3. the kept mass S_k = sum of exp((x - m) / temperature) over x >= k-th (all x without top-k);
-4. top-p: a selection of the threshold t, the largest logit with mass(x >= t) >= top_p * S_k;
-5. the inverse CDF, which stops at the chunk where the running mass crosses u * kept_mass.
+1. stats, grid (B, chunks), sweep 1: per chunk its max m_c, mass s_c = sum e(x) relative to m_c,
+   and a histogram of token depth below m_c (in units of 1 / units_per_log2 of a log2 weight
+   unit) over `num_bins` bins whose width doubles every `bins_per_doubling` bins: fine near the
+   top, 64 log2 units (44 nats) deep on CUDA (deeper tokens are counted nowhere; their mass is
+   in s_c).
+2. plan, grid (B,): merges the chunk histograms at the row max (linear within a chunk's bins),
+   models each bin's density as log-linear in depth (slope from its neighbours), scales the bin
+   masses to the exact row mass S, and estimates where the cumulative mass from the top crosses
+   top_p * S (or, for top-k, where the count crosses k). It then picks a bracket [L, U) of values
+   holding about `budget` tokens on each side of that estimate (for top-k: [L, inf) holding k +
+   budget tokens). The bracket is only a guess; nothing below relies on it being right.
+3. compact, grid (B, chunks), sweep 2: per chunk the exact mass of its tokens x >= U, and every
+   token in [L, U) appended (value, index) to the row's buffer of `cap` slots.
+4. draw, grid (B,): the exact threshold from the buffer (bisection on the fp32 bit pattern, so
+   ties are whole values), the number of tied tokens the official rule keeps, and then a check
+   that the bracket held it: for top-p, mass(x >= U) < top_p * S <= mass(x >= L); for top-k,
+   at least k tokens buffered; no overflow. If the check holds, the chunk holding the draw
+   follows from the per-chunk masses (x >= U) plus the buffered kept tokens, and one scan of that
+   chunk finds the token. If not, the program runs the search-based sampler on its row (several
+   more sweeps: `_search_token`), which needs no bracket. With neither filter, plan and compact
+   do not run and draw picks the chunk from s_c.
 
-`_select` finds the largest data value v with W(x >= v) >= target, where W is a count (top-k) or
-the mass exp((x - m) / temperature) (top-p), keeping a bracket [lo, hi) with W(x >= lo) >= target
-> W(x >= hi). Each pass over the row evaluates W at `_NUM_VALUE_PIVOTS` pivots spaced evenly in
-value and `_NUM_KEY_PIVOTS` spaced evenly in the fp32 bit pattern (the value pivots converge fast
-on ordinary rows; the bit-pattern ones bound the number of passes on any row, e.g. one holding
--1e30 masked logits), and also "peels" the largest value v1 below hi with its weight: if
-W(x >= hi) + W(x == v1) >= target, v1 is the answer, exactly, and W(x > v1) = W(x >= hi). The
-passes are elementwise per lane, with one reduction at their end. The official rule keeps a top-p
-token iff the mass of the tokens sorted above it is < top_p: the tokens strictly above t, then
-as many tokens tied at t as that takes, n = ceil((top_p * S_k - W(x > t)) / e(t)); which tied
-tokens torch.sort puts first is unspecified, and here they are the n of lowest vocabulary index.
+Invariant: for continuous logits the token is `sample_from_logits_eager`'s, except where u *
+kept_mass or the top-p mass lies within fp32 round-off of a boundary; as a distribution it is the
+official one, whichever path a row takes (`_sample` reports which).
 
-Invariant: for continuous logits the result is `sample_from_logits_eager`'s, token for token,
-except where u * kept_mass or the top-p mass lies within fp32 round-off of a boundary; as a
-distribution it is the official one.
+Budget (B rows of V logits, bf16 in the engine): sweeps 1 and 2 each read the logits once; per
+token, sweep 1 does one exp2 and a histogram update (about 40 instructions per 32 tokens for 64
+bins), sweep 2 one exp2, two compares and, for chunks holding bracket tokens, a prefix sum.
+Draw reads the buffered tokens (at most `cap` per row, 8 bytes each) and one chunk of logits.
+All sums, maxima and masses are fp32; counts are exact in fp32 below 2^24 > V. Allocated per call:
+[B, chunks] fp32 statistics, [B, chunks, num_bins] int32 histograms, [B, cap] fp32 values and
+int32 indices (16 MiB at B = 256 on CUDA), the [B] int64 output: no [B, V] tensor, no host sync,
+no allocation that depends on data, so the call can be captured in a CUDA graph.
 
-Budget (one row of V logits; every pass reads the row from memory or L2): pass 1, for top-k
-its search (usually 2-4 passes), one pass for the kept mass, for top-p usually 1-4 passes (one
-when the most likely token alone reaches top_p; at most 22 on any row, see `_MAX_PASSES`), then
-on average half a pass for the draw. Per element and search pass: one exp2 (mass searches only) and ~3 operations per pivot. All sums, the max, the masses
-and the counts (exact below 2^24 > V) are fp32. Allocated: the [B] int64 output only; no [B, V]
-tensor, no workspace, no host sync, no allocation that depends on data, so the call can be
-captured in a CUDA graph.
-
-Limits: one program per row, so a batch below the number of multiprocessors leaves some idle,
-and above it the search passes are bound by arithmetic (~3 operations per pivot per element),
-not by memory: the time grows with B times the number of passes.
-Ties are decided on the logits as given, before the temperature (the official code divides first;
-for bf16/fp16 logits the order is the same, for fp32 logits the division can merge neighbours
-1 ulp apart). Logits must be finite or -inf (NaN or +inf rows give an unspecified token in
+Limits: the fallback costs a few sweeps of one row by one program (tens of microseconds); it runs
+where the bracket misses (heavy-tailed rows whose kept set is most of V), where top-k keeps more
+than `cap - budget` tokens or its k-th token lies deeper than the histogram, and on rows with
+fewer than k finite logits. Ties are decided on the
+logits as given, before the temperature (the official code divides first; for bf16/fp16 logits the
+order is the same, for fp32 logits the division can merge neighbours 1 ulp apart). -0.0 and +0.0
+are one value. Logits must be finite or -inf (NaN or +inf rows give an unspecified token in
 [0, V)). On CPU the Triton path runs only under TRITON_INTERPRET=1.
 """
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -63,26 +70,104 @@ import triton.language as tl
 
 IMPLS = ("triton", "eager")
 
-# Pivots per search pass (their sum must be a power of two: one tl.arange covers them).
-_NUM_VALUE_PIVOTS = 6
-_NUM_KEY_PIVOTS = 2
-# Bit-pattern bisection splits the bracket into _NUM_KEY_PIVOTS + 1 parts per pass, so 32 bits
-# take at most ceil(32 / log2(3)) + 1 = 22 passes; the cap only ends NaN rows.
-_MAX_PASSES = 24
-# Picked on an H200 among 1024-4096 x 4-16 warps x 4-16 pivots (B 64-1024, V = 151936, bf16).
-_BLOCK_CUDA, _NUM_WARPS_CUDA = 4096, 8
-# The draw reduces once per chunk (it must find the crossing chunk in order), so its chunks are
-# wider: fewer serial steps per row.
-_DRAW_BLOCK_CUDA = 16384
-# The interpreter cuts each row into about this many chunks, whatever V: the CPU tests cross
-# chunk boundaries at every V and stay fast (its cost grows with the number of chunks).
-_INTERPRET_CHUNKS = 4
-# Eager twin: rows per chunk so that one fp64 [rows, V] tensor holds about this many elements.
-_EAGER_CHUNK_ELEMS = 2**22
-
 _LOG2E = 1.4426950408889634
 _NEG_BIG = tl.constexpr(-1.0e30)  # finite stand-in for the max of an all -inf prefix
 _INF = tl.constexpr(float("inf"))
+# Depths past this (in fine units) are "beyond the histogram": it keeps exp2 and the bit tricks finite.
+_DEEP = tl.constexpr(1.0e9)
+# Slopes of the log-linear bin densities are clamped here (log2 units of density per log2 unit of
+# depth): steep enough for any real row, small enough that exp2((slope + 1) * bin width) stays
+# finite in fp32 for the widest bin (4 log2 units on CUDA).
+_MAX_SLOPE = tl.constexpr(16.0)
+
+
+@dataclass(frozen=True)
+class _Config:
+    """Shapes of the two-sweep sampler (see the module docstring)."""
+
+    chunk: int  # vocabulary entries per program of sweeps 1 and 2 (a power of two)
+    num_bins: int  # histogram bins per chunk, the last one unused (a power of two >= 32)
+    bins_per_doubling: int  # a power of two
+    budget: int  # tokens on each side of the estimated threshold that the bracket aims to hold
+    cap: int  # buffered tokens per row (a power of two)
+    # fine depth units (the width of the top bins) per log2 unit of weight; the histogram reaches
+    # bins_per_doubling * (2^(num_bins / bins_per_doubling) - 1) units deep
+    units_per_log2: float
+    sweep_warps: int
+    draw_warps: int
+
+
+# Picked for V = 151936 in bf16 from a study of the bracket on synthetic rows (normal with spread
+# 0.1-6, Zipf, Gumbel, a few tokens far above the rest; top-p 0.5-0.99, temperature 0.7-1.3): the
+# estimate is usually within ~100 tokens, up to a few thousand on flat heavy-tailed rows; with 64
+# bins and 2000 tokens a side, 1 row in 320 fell back (32 bins: about one in 6 of the hardest).
+# The buffer's keys, indices and weights must fit in registers: 8192 slots take 96 KiB.
+_CUDA = _Config(chunk=8192, num_bins=64, bins_per_doubling=8, budget=2000, cap=8192,
+                units_per_log2=32.0, sweep_warps=8, draw_warps=16)
+# The interpreter gets a small buffer and a narrow bracket (24 tokens a side), so the CPU tests
+# check the estimate as well as the exact parts.
+_INTERPRET = _Config(chunk=0, num_bins=64, bins_per_doubling=8, budget=24, cap=128,
+                     units_per_log2=32.0, sweep_warps=1, draw_warps=1)
+# The interpreter cuts each row into about this many chunks, whatever V: the CPU tests cross
+# chunk boundaries at every V and stay fast.
+_INTERPRET_CHUNKS = 4
+
+# The fallback search (`_search_token`): pivots per pass (their sum a power of two: one tl.arange
+# covers them), and the bit-pattern bisection's bound: it splits the bracket into
+# _NUM_KEY_PIVOTS + 1 parts per pass, so 32 bits take at most ceil(32 / log2(3)) + 1 = 22 passes;
+# the cap only ends NaN rows.
+_NUM_VALUE_PIVOTS = 6
+_NUM_KEY_PIVOTS = 2
+_MAX_PASSES = 24
+_SEARCH_BLOCK_CUDA = 4096
+# Its draw reduces once per block (it must find the crossing block in order), so blocks are wider.
+_SEARCH_DRAW_BLOCK_CUDA = 16384
+# Eager twin: rows per chunk so that one fp64 [rows, V] tensor holds about this many elements.
+_EAGER_CHUNK_ELEMS = 2**22
+
+
+# ----------------------------------------------------------------------------- shared helpers
+
+
+@triton.jit
+def _key(x):
+    """int32 keys of fp32 x with the same order (-0.0 and +0.0 share the key of +0.0)."""
+    bits = (x + 0.0).to(tl.int32, bitcast=True)
+    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+
+
+@triton.jit
+def _value(key):
+    """The fp32 value of an int32 key of `_key` (the map is its own inverse)."""
+    return tl.where(key >= 0, key, key ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _bin(depth, NB: tl.constexpr, LP: tl.constexpr):
+    """Histogram bin of a depth >= 0 (fine units): bins 0 .. 2^LP - 1 are one unit wide, then
+    each run of 2^LP bins is twice as wide as the one before; NB - 1 collects the rest (and NaN).
+
+    The bin is read off the fp32 bit pattern of depth + 2^LP: exponent and top LP mantissa bits.
+    """
+    d = tl.where(depth < _DEEP, depth, _DEEP) + (1 << LP)
+    j = (d.to(tl.int32, bitcast=True) >> (23 - LP)) - ((127 + LP) << LP)
+    return tl.minimum(tl.maximum(j, 0), NB - 1)
+
+
+@triton.jit
+def _edge(j, LP: tl.constexpr):
+    """Depth (fine units, fp32) of the top edge of bin j (j >= 0; j = NB is the bottom of NB - 1)."""
+    per = 1 << LP
+    return (((per + (j & (per - 1))) << (j >> LP)) - per).to(tl.float32)
+
+
+@triton.jit
+def _pick(vec, idx, at):
+    """vec[at] for a scalar index `at` of a 1-D tensor whose indices are `idx`."""
+    return tl.sum(tl.where(idx == at, vec, 0.0), 0)
+
+
+# ----------------------------------------------------------------------------- fallback search
 
 
 @triton.jit
@@ -141,9 +226,12 @@ def _search_pass(row_ptr, V, m, c2, hi, piv, MASS: tl.constexpr, BLOCK: tl.const
 @triton.jit
 def _select(row_ptr, V, m, c2, lo, target, MASS: tl.constexpr, NV: tl.constexpr,
             NK: tl.constexpr, BLOCK: tl.constexpr, MAX_PASSES: tl.constexpr):
-    """The largest data value t with W(x >= t) >= target, given W(x >= lo) >= target.
+    """The largest data value t with W(x >= t) >= target, given W(x >= lo) >= target, where W
+    is a count (MASS false) or the mass exp2((x - m) * c2).
 
-    Returns t, W(x > t), count(x == t), W(x == t).
+    Each pass evaluates W at value- and bit-pattern-spaced pivots in the bracket [lo, hi) and
+    "peels" the largest value v1 below hi: if W(x >= hi) + W(x == v1) >= target, v1 is the
+    answer, exactly. Returns t, W(x > t), count(x == t), W(x == t).
     """
     hi = _INF
     w_hi = 0.0  # W(x >= hi)
@@ -178,7 +266,7 @@ def _select(row_ptr, V, m, c2, lo, target, MASS: tl.constexpr, NV: tl.constexpr,
 
 @triton.jit
 def _kept_weight(x, m, c2, t, num_ties, ties_before, PARTIAL: tl.constexpr):
-    """Weights of the kept tokens of one chunk (0 elsewhere): x > t, plus the first `num_ties`
+    """Weights of the kept tokens of one block (0 elsewhere): x > t, plus the first `num_ties`
     tokens tied at t in vocabulary order when PARTIAL."""
     eq = x == t
     if PARTIAL:
@@ -220,21 +308,18 @@ def _inverse_cdf(row_ptr, V, m, c2, t, num_ties, target, PARTIAL: tl.constexpr,
         # A parallel scan rounds each prefix on its own, so the prefix sums need not be monotone:
         # one can step above target at a dropped token (w = 0). Only kept tokens may be drawn.
         first = tl.min(tl.where((acc + tl.cumsum(w, 0) > target) & (w > 0.0), offs, V), 0)
-        # The chunk's prefix sums can round below its tl.sum: then its last positive index.
+        # The block's prefix sums can round below its tl.sum: then its last positive index.
         token = tl.where(first < V, first, tl.max(tl.where(w > 0.0, offs, -1), 0))
     return tl.maximum(token, 0)
 
 
 @triton.jit
-def _sample_kernel(
-    X_ptr, U_ptr, Out_ptr, V, stride_xb, c2, top_k, top_p,
-    TOP_K: tl.constexpr, TOP_P: tl.constexpr, NV: tl.constexpr, NK: tl.constexpr,
-    BLOCK: tl.constexpr, DRAW_BLOCK: tl.constexpr, MAX_PASSES: tl.constexpr,
-):
-    row = tl.program_id(0)
-    row_ptr = X_ptr + row.to(tl.int64) * stride_xb  # int64: B * stride overflows int32
-
-    # Pass 1: the max (and the finite range for top-k), lane by lane, reduced once.
+def _search_token(row_ptr, V, u, c2, top_k, top_p, TOP_K: tl.constexpr, TOP_P: tl.constexpr,
+                  NV: tl.constexpr, NK: tl.constexpr, BLOCK: tl.constexpr,
+                  DRAW_BLOCK: tl.constexpr, MAX_PASSES: tl.constexpr):
+    """The token of one row by threshold searches over the whole row (no bracket needed):
+    the row max, the k-th value by `_select` on counts, the kept mass, the top-p threshold by
+    `_select` on masses, the inverse CDF. About 4-8 sweeps of the row."""
     lane_max = tl.full([BLOCK], _NEG_BIG, tl.float32)
     lane_min = tl.full([BLOCK], float("inf"), tl.float32)
     lane_fin = tl.zeros([BLOCK], tl.float32)
@@ -256,15 +341,12 @@ def _sample_kernel(
                                        BLOCK, MAX_PASSES)
         t = kth
         num_kept = above + count
-    # The kept mass so far: sum of exp over x >= t.
     lane_s = tl.zeros([BLOCK], tl.float32)
     for v0 in range(0, V, BLOCK):
         offs = v0 + tl.arange(0, BLOCK)
         x = tl.load(row_ptr + offs, mask=offs < V, other=-float("inf")).to(tl.float32)
         lane_s += tl.where(x >= t, tl.exp2((x - m) * c2), 0.0)
     total = tl.sum(lane_s, 0)
-
-    u = tl.load(U_ptr + row)
     if TOP_P:
         target = top_p * total
         # mass(x < lo) <= num_kept * e(lo) = (1 - top_p) * total / 2, so W(x >= lo) >= target.
@@ -282,7 +364,366 @@ def _sample_kernel(
             token = _inverse_cdf(row_ptr, V, m, c2, tp, 0, u * kept_mass, False, DRAW_BLOCK)
     else:
         token = _inverse_cdf(row_ptr, V, m, c2, t, 0, u * total, False, DRAW_BLOCK)
+    return token
+
+
+# ----------------------------------------------------------------------------- sweep 1: stats
+
+
+@triton.jit
+def _stats_kernel(
+    X_ptr, Mc_ptr, Sc_ptr, Cum_ptr, Cnt_ptr, V, stride_xb, num_chunks, c2, c2r,
+    NB: tl.constexpr, LP: tl.constexpr, CHUNK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    offs = c * CHUNK + tl.arange(0, CHUNK)
+    ok = offs < V
+    x = tl.load(X_ptr + row.to(tl.int64) * stride_xb + offs, mask=ok,
+                other=-float("inf")).to(tl.float32)
+    m_c = tl.max(x, 0)
+    ref = tl.where(m_c > -float("inf"), m_c, 0.0)  # an all -inf chunk: mass 0, no depths
+    s_c = tl.sum(tl.exp2((x - ref) * c2), 0)
+    j = _bin((ref - x) * c2r, NB, LP)
+    hist = tl.histogram(j, NB, mask=ok & (j < NB - 1))
+    slot = row * num_chunks + c
+    tl.store(Cum_ptr + slot.to(tl.int64) * NB + tl.arange(0, NB), tl.cumsum(hist, 0))
+    tl.store(Mc_ptr + slot, m_c)
+    tl.store(Sc_ptr + slot, s_c)
+    if c == 0:
+        tl.store(Cnt_ptr + row, 0)  # the buffer count that sweep 2 appends to (stream order)
+
+
+# ----------------------------------------------------------------------------- plan
+
+
+@triton.jit
+def _count_above(cum_row, c, c_ok, shift, e, NB: tl.constexpr, LP: tl.constexpr):
+    """Estimated tokens of the row above depth e ([N] fine units below the row max): each chunk's
+    cumulative histogram read at depth e - shift_c, linear within its bin."""
+    depth = e[None, :] - shift[:, None]  # (C, N): the same depth below each chunk's max
+    live = c_ok[:, None] & (depth > 0)
+    j = _bin(depth, NB, LP)
+    base = cum_row + c[:, None] * NB
+    hi = tl.load(base + j, mask=live, other=0).to(tl.float32)
+    lo = tl.load(base + j - 1, mask=live & (j > 0), other=0).to(tl.float32)
+    e0 = _edge(j, LP)
+    frac = tl.minimum(tl.maximum((depth - e0) / (_edge(j + 1, LP) - e0), 0.0), 1.0)
+    return tl.sum(tl.where(live, lo + (hi - lo) * frac, 0.0), 0)
+
+
+@triton.jit
+def _ramp(g, v):
+    """integral_0^v 2^(g s) ds, elementwise; stable near g = 0."""
+    gv = g * v
+    small = tl.abs(gv) < 1e-3
+    g_safe = tl.where(small, 1.0, g)
+    return tl.where(small, v * (1.0 + 0.34657359 * gv), (tl.exp2(gv) - 1.0) / (g_safe * 0.69314718))
+
+
+@triton.jit
+def _ramp_inverse(g, f, w):
+    """The v in [0, w] with _ramp(g, v) = f * _ramp(g, w), for f in [0, 1]."""
+    small = tl.abs(g * w) < 1e-3
+    g_safe = tl.where(small, 1.0, g)
+    # (1 - f) + f * 2^(g w), not 1 + f * (2^(g w) - 1): no cancellation to 0 when g w << 0
+    v = tl.log2((1.0 - f) + f * tl.exp2(g * w)) / g_safe
+    return tl.where(small, f * w, tl.minimum(tl.maximum(v, 0.0), w))
+
+
+@triton.jit
+def _plan_kernel(
+    Mc_ptr, Sc_ptr, Cum_ptr, Plan_ptr, num_chunks, c2, c2r, units, top_k, top_p, budget,
+    TOP_K: tl.constexpr, NB: tl.constexpr, LP: tl.constexpr, C_PAD: tl.constexpr,
+):
+    row = tl.program_id(0)
+    c = tl.arange(0, C_PAD)
+    c_ok = c < num_chunks
+    m_c = tl.load(Mc_ptr + row * num_chunks + c, mask=c_ok, other=-float("inf"))
+    s_c = tl.load(Sc_ptr + row * num_chunks + c, mask=c_ok, other=0.0)
+    m = tl.max(m_c, 0)
+    ref = tl.where(m > -float("inf"), m, 0.0)
+    ref_c = tl.where(m_c > -float("inf"), m_c, ref)  # all -inf chunks hold no mass and no counts
+    S = tl.sum(s_c * tl.exp2((ref_c - ref) * c2), 0)
+    shift = (ref - ref_c) * c2r  # each chunk's max lies this deep below the row max
+    cum_row = Cum_ptr + row.to(tl.int64) * num_chunks * NB
+
+    # Estimated counts per bin of depth below the row max (bin NB - 1 is beyond the histogram),
+    # and of its neighbours, for the slope of the log-linear density.
+    J = tl.arange(0, NB)
+    live = J < NB - 1
+    n_top = _count_above(cum_row, c, c_ok, shift, _edge(J, LP), NB, LP)
+    n_bot = _count_above(cum_row, c, c_ok, shift, _edge(J + 1, LP), NB, LP)
+    n_up = _count_above(cum_row, c, c_ok, shift, _edge(tl.maximum(J - 1, 0), LP), NB, LP)
+    n_down = _count_above(cum_row, c, c_ok, shift, _edge(J + 2, LP), NB, LP)
+    G = tl.where(live, n_bot - n_top, 0.0)
+    a = _edge(J, LP) / units  # bin J spans depths [a, a + w] in log2 units of weight
+    w = (_edge(J + 1, LP) - _edge(J, LP)) / units
+    w_up = tl.where(J > 0, _edge(J, LP) - _edge(tl.maximum(J - 1, 0), LP), 1.0) / units
+    w_down = (_edge(J + 2, LP) - _edge(J + 1, LP)) / units
+    dens = tl.log2(tl.maximum(G / w, 1e-6))
+    dens_up = tl.where(J > 0, tl.log2(tl.maximum((n_top - n_up) / w_up, 1e-6)), dens)
+    dens_down = tl.where(J < NB - 2, tl.log2(tl.maximum((n_down - n_bot) / w_down, 1e-6)), dens)
+    # log2 density slope per log2 unit of depth, between the centres of the neighbours used
+    span = tl.where(J > 0, 0.5 * (w_up + w), 0.0) + tl.where(J < NB - 2, 0.5 * (w + w_down), 0.0)
+    g = tl.minimum(tl.maximum((dens_down - dens_up) / span, -_MAX_SLOPE), _MAX_SLOPE)
+    # A bin's tokens have density ~ 2^(g v), v = depth - a, and weight 2^-(a + v).
+    mass = G * tl.exp2(-a) * _ramp(g - 1.0, w) / _ramp(g, w)
+    est = tl.sum(mass, 0)
+    mass = mass * tl.where(est > 0.0, S / est, 1.0)
+
+    if TOP_K:
+        p_lo = top_k + budget
+        p_hi = p_lo * 0.0 - 1.0  # no upper end: U = inf
+    else:
+        target = top_p * S
+        above = tl.cumsum(mass, 0) - mass
+        js = tl.min(tl.where(live & (above + mass >= target), J, NB - 1), 0)
+        f = (target - _pick(above, J, js)) / tl.maximum(_pick(mass, J, js), 1e-30)
+        gs = _pick(g, J, js)
+        ws = _pick(w, J, js)
+        v = _ramp_inverse(gs - 1.0, tl.minimum(tl.maximum(f, 0.0), 1.0), ws)
+        p0 = _pick(n_top, J, js) + _pick(G, J, js) * _ramp(gs, v) / _ramp(gs, ws)
+        p0 = tl.where(js < NB - 1, p0, tl.sum(G, 0))
+        p_lo = p0 + budget
+        p_hi = p0 - budget
+
+    # Depth where the estimated count above reaches p (the histogram's bottom if never).
+    jl = tl.min(tl.where(live & (n_bot > p_lo), J, NB - 1), 0)
+    fl = (p_lo - _pick(n_top, J, jl)) / tl.maximum(_pick(G, J, jl), 1e-30)
+    gl = _pick(g, J, jl)
+    wl = _pick(w, J, jl)
+    d_lo = _pick(a, J, jl) + _ramp_inverse(gl, tl.minimum(tl.maximum(fl, 0.0), 1.0), wl)
+    jh = tl.min(tl.where(live & (n_bot > p_hi), J, NB - 1), 0)
+    fh = (p_hi - _pick(n_top, J, jh)) / tl.maximum(_pick(G, J, jh), 1e-30)
+    gh = _pick(g, J, jh)
+    wh = _pick(w, J, jh)
+    d_hi = _pick(a, J, jh) + _ramp_inverse(gh, tl.minimum(tl.maximum(fh, 0.0), 1.0), wh)
+    lo = ref - d_lo * units / c2r
+    hi = tl.where(p_hi > 0.0, ref - d_hi * units / c2r, _INF)
+    tl.store(Plan_ptr + row * 4, ref)
+    tl.store(Plan_ptr + row * 4 + 1, S)
+    tl.store(Plan_ptr + row * 4 + 2, lo)
+    tl.store(Plan_ptr + row * 4 + 3, hi)
+
+
+# ----------------------------------------------------------------------------- sweep 2: compact
+
+
+@triton.jit
+def _compact_kernel(
+    X_ptr, Plan_ptr, Above_ptr, Cnt_ptr, Xs_ptr, Ids_ptr, V, stride_xb, num_chunks, c2,
+    CHUNK: tl.constexpr, CAP: tl.constexpr,
+):
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    offs = c * CHUNK + tl.arange(0, CHUNK)
+    ok = offs < V
+    x = tl.load(X_ptr + row.to(tl.int64) * stride_xb + offs, mask=ok,
+                other=-float("inf")).to(tl.float32)
+    m = tl.load(Plan_ptr + row * 4)
+    lo = tl.load(Plan_ptr + row * 4 + 2)
+    hi = tl.load(Plan_ptr + row * 4 + 3)
+    # The same weight expression as the draw kernel, so the masses agree to the bit.
+    w = tl.exp2((x - m) * c2)
+    tl.store(Above_ptr + row * num_chunks + c, tl.sum(tl.where(ok & (x >= hi), w, 0.0), 0))
+    inb = ok & (x >= lo) & (x < hi)
+    num = tl.sum(inb.to(tl.int32), 0)
+    if num > 0:
+        # One atomic per chunk reserves its slots; the order within the buffer does not matter.
+        first = tl.atomic_add(Cnt_ptr + row, num)
+        pos = first + tl.cumsum(inb.to(tl.int32), 0) - 1
+        keep = inb & (pos < CAP)  # past CAP only the count grows: the draw kernel falls back
+        dst = row.to(tl.int64) * CAP + pos
+        tl.store(Xs_ptr + dst, x, mask=keep)
+        tl.store(Ids_ptr + dst, offs, mask=keep)
+
+
+# ----------------------------------------------------------------------------- draw
+
+
+@triton.jit
+def _bisect_key(key, wts, target):
+    """The largest int32 k with sum(wts where key >= k) >= target, for 0 < target <= sum(wts):
+    a key of a token of positive weight, as int64 (the bracket [lo, hi) spans 2^32)."""
+    lo = tl.full([], -(2**31), tl.int64)
+    hi = tl.full([], 2**31, tl.int64)
+    for _ in range(32):
+        mid = (lo + hi) >> 1
+        big = tl.sum(tl.where(key >= mid, wts, 0.0), 0) >= target
+        lo = tl.where(big, mid, lo)
+        hi = tl.where(big, hi, mid)
+    return lo
+
+
+@triton.jit
+def _nth_index(ids, tied, num, V, ITERS: tl.constexpr):
+    """The num-th smallest index among the tied tokens (num >= 1 and at most their count)."""
+    lo = tl.full([], 0, tl.int32)
+    hi = tl.full([], 0, tl.int32) + V - 1
+    for _ in range(ITERS):
+        mid = (lo + hi) >> 1
+        enough = tl.sum((tied & (ids <= mid)).to(tl.float32), 0) >= num
+        hi = tl.where((lo < hi) & enough, mid, hi)
+        lo = tl.where((lo < hi) & ~enough, mid + 1, lo)
+    return lo
+
+
+@triton.jit
+def _mass_through(cc, c, above_c, ids, wk, CHUNK: tl.constexpr):
+    """Kept mass of chunks 0..cc: their tokens above the bracket plus the buffered kept ones."""
+    return (tl.sum(tl.where(c <= cc, above_c, 0.0), 0)
+            + tl.sum(tl.where(ids < (cc + 1) * CHUNK, wk, 0.0), 0))
+
+
+@triton.jit
+def _draw_kernel(
+    X_ptr, U_ptr, Out_ptr, Ok_ptr, Mc_ptr, Sc_ptr, Plan_ptr, Above_ptr, Cnt_ptr, Xs_ptr, Ids_ptr,
+    V, stride_xb, num_chunks, c2, top_k, top_p,
+    TOP_K: tl.constexpr, TOP_P: tl.constexpr, CHUNK: tl.constexpr, C_PAD: tl.constexpr,
+    CAP: tl.constexpr, CHUNK_ITERS: tl.constexpr, INDEX_ITERS: tl.constexpr, NV: tl.constexpr,
+    NK: tl.constexpr,
+    BLOCK: tl.constexpr, DRAW_BLOCK: tl.constexpr, MAX_PASSES: tl.constexpr,
+):
+    row = tl.program_id(0)
+    row_ptr = X_ptr + row.to(tl.int64) * stride_xb  # int64: B * stride overflows int32
+    u = tl.load(U_ptr + row)
+    c = tl.arange(0, C_PAD)
+    c_ok = c < num_chunks
+    i = tl.arange(0, CAP)
+    t_key = tl.full([], -(2**31), tl.int64)  # kept: key > t_key, or key == t_key and index <= tie_idx
+    tie_idx = tl.full([], 0, tl.int32) + V
+    if TOP_K or TOP_P:
+        m = tl.load(Plan_ptr + row * 4)
+        above_c = tl.load(Above_ptr + row * num_chunks + c, mask=c_ok, other=0.0)
+        n = tl.load(Cnt_ptr + row)
+        src = row.to(tl.int64) * CAP + i
+        xs = tl.load(Xs_ptr + src, mask=i < n, other=-float("inf"))
+        # Only keys and weights stay live through the bisections (CAP values each: registers are
+        # the limit here); the indices are loaded once the threshold is known.
+        key = _key(xs)
+        w = tl.exp2((xs - m) * c2)  # 0 on the -inf padding
+        ok = n <= CAP
+        if TOP_K:
+            # The buffer holds every token >= L; with at least k of them it holds the k-th.
+            ok = ok & (n >= top_k)
+            t_key = _bisect_key(key, (i < n).to(tl.float32), top_k * 1.0)
+            w = tl.where(key >= t_key, w, 0.0)
+        if TOP_P:
+            if TOP_K:
+                base = 0.0
+                target = top_p * tl.sum(w, 0)
+            else:
+                base = tl.sum(above_c, 0)  # mass of x >= U, all kept when the bracket holds t
+                target = top_p * tl.load(Plan_ptr + row * 4 + 1)
+                ok = ok & (base < target) & (base + tl.sum(w, 0) >= target)
+            t_key = _bisect_key(key, w, target - base)
+            above = base + tl.sum(tl.where(key > t_key, w, 0.0), 0)
+            count = tl.sum(((i < n) & (key == t_key)).to(tl.float32), 0)
+            e_t = tl.exp2((_value(t_key.to(tl.int32)) - m) * c2)
+            # The official rule keeps a tied token while the mass sorted above it is < target.
+            num_ties = tl.minimum(tl.maximum(tl.ceil((target - above) / e_t), 1.0), count)
+        ids = tl.load(Ids_ptr + src, mask=i < n, other=V)
+        if TOP_P:
+            if ok & (num_ties < count):
+                tie_idx = _nth_index(ids, (i < n) & (key == t_key), num_ties, V, INDEX_ITERS)
+        wk = tl.where((key > t_key) | ((key == t_key) & (ids <= tie_idx)), w, 0.0)
+    else:
+        m_c = tl.load(Mc_ptr + row * num_chunks + c, mask=c_ok, other=-float("inf"))
+        m = tl.max(m_c, 0)
+        ref_c = tl.where(m_c > -float("inf"), m_c, m)
+        above_c = tl.load(Sc_ptr + row * num_chunks + c, mask=c_ok, other=0.0) * tl.exp2((ref_c - m) * c2)
+        ids = tl.full([CAP], 0, tl.int32) + V
+        wk = tl.zeros([CAP], tl.float32)
+        ok = m > -float("inf")
+
+    if ok:
+        target_u = u * (tl.sum(above_c, 0) + tl.sum(wk, 0))
+        # The first chunk whose cumulative kept mass exceeds target_u (num_chunks if round-off
+        # leaves none: then the chunk of the last kept token).
+        lo = tl.full([], 0, tl.int32)
+        hi = tl.full([], 0, tl.int32) + num_chunks
+        for _ in range(CHUNK_ITERS):
+            mid = (lo + hi) >> 1
+            past = _mass_through(mid, c, above_c, ids, wk, CHUNK) > target_u
+            hi = tl.where((lo < hi) & past, mid, hi)
+            lo = tl.where((lo < hi) & ~past, mid + 1, lo)
+        last = tl.maximum(tl.max(tl.where(c_ok & (above_c > 0.0), c, -1), 0),
+                          tl.max(tl.where(wk > 0.0, ids // CHUNK, -1), 0))
+        cc = tl.where(lo < num_chunks, lo, tl.maximum(last, 0))
+        before = tl.where(cc > 0, _mass_through(cc - 1, c, above_c, ids, wk, CHUNK), 0.0)
+        offs = cc * CHUNK + tl.arange(0, CHUNK)
+        x = tl.load(row_ptr + offs, mask=offs < V, other=-float("inf")).to(tl.float32)
+        xk = _key(x).to(tl.int64)
+        kept = (xk > t_key) | ((xk == t_key) & (offs <= tie_idx))
+        wx = tl.where(kept & (offs < V), tl.exp2((x - m) * c2), 0.0)
+        # Parallel prefix sums round each prefix on its own: only kept tokens may be drawn, and
+        # if round-off leaves every prefix <= target_u, the chunk's last kept token.
+        first = tl.min(tl.where((before + tl.cumsum(wx, 0) > target_u) & (wx > 0.0), offs, V), 0)
+        token = tl.where(first < V, first, tl.maximum(tl.max(tl.where(wx > 0.0, offs, -1), 0), 0))
+    else:
+        token = _search_token(row_ptr, V, u, c2, top_k, top_p, TOP_K, TOP_P, NV, NK, BLOCK,
+                              DRAW_BLOCK, MAX_PASSES)
     tl.store(Out_ptr + row, tl.minimum(token, V - 1).to(tl.int64))
+    tl.store(Ok_ptr + row, ok.to(tl.int32))
+
+
+# ----------------------------------------------------------------------------- launcher
+
+
+def _config(device: torch.device, V: int) -> _Config:
+    if device.type == "cuda":
+        return _CUDA
+    chunk = max(16, triton.next_power_of_2(-(-V // _INTERPRET_CHUNKS)))
+    return _Config(**{**_INTERPRET.__dict__, "chunk": chunk})
+
+
+def _sample(logits: torch.Tensor, uniform: torch.Tensor, temperature: float, top_k: int,
+            top_p: float, cfg: _Config) -> tuple[torch.Tensor, torch.Tensor]:
+    """tokens [B] int64 and resolved [B] int32 (1 where the two sweeps sufficed, 0 where the row
+    took the search fallback)."""
+    B, V = logits.shape
+    dev = logits.device
+    tokens = torch.empty(B, dtype=torch.int64, device=dev)
+    resolved = torch.empty(B, dtype=torch.int32, device=dev)
+    if B == 0:
+        return tokens, resolved
+    num_chunks = -(-V // cfg.chunk)
+    c_pad = max(2, triton.next_power_of_2(num_chunks))
+    nb, lp = cfg.num_bins, cfg.bins_per_doubling.bit_length() - 1
+    use_k, use_p = 0 < top_k < V, top_p < 1.0
+    c2 = _LOG2E / temperature
+    c2r = c2 * cfg.units_per_log2
+    f32 = dict(dtype=torch.float32, device=dev)
+    m_c, s_c = torch.empty((B, num_chunks), **f32), torch.empty((B, num_chunks), **f32)
+    cum = torch.empty((B, num_chunks, nb), dtype=torch.int32, device=dev)
+    count = torch.empty(B, dtype=torch.int32, device=dev)
+    warps = cfg.sweep_warps
+    _stats_kernel[(B, num_chunks)](logits, m_c, s_c, cum, count, V, logits.stride(0), num_chunks,
+                                   c2, c2r, NB=nb, LP=lp, CHUNK=cfg.chunk, num_warps=warps)
+    if use_k or use_p:
+        plan, above = torch.empty((B, 4), **f32), torch.empty((B, num_chunks), **f32)
+        xs = torch.empty((B, cfg.cap), **f32)
+        ids = torch.empty((B, cfg.cap), dtype=torch.int32, device=dev)
+        _plan_kernel[(B,)](m_c, s_c, cum, plan, num_chunks, c2, c2r, cfg.units_per_log2, top_k,
+                           top_p, float(cfg.budget), TOP_K=use_k, NB=nb, LP=lp, C_PAD=c_pad,
+                           num_warps=2 if dev.type == "cuda" else 1)
+        _compact_kernel[(B, num_chunks)](logits, plan, above, count, xs, ids, V, logits.stride(0),
+                                         num_chunks, c2, CHUNK=cfg.chunk, CAP=cfg.cap,
+                                         num_warps=warps)
+    else:
+        plan = above = xs = ids = m_c  # not read without a filter
+    on_cuda = dev.type == "cuda"
+    _draw_kernel[(B,)](
+        logits, uniform, tokens, resolved, m_c, s_c, plan, above, count, xs, ids,
+        V, logits.stride(0), num_chunks, c2, top_k, top_p,
+        TOP_K=use_k, TOP_P=use_p, CHUNK=cfg.chunk, C_PAD=c_pad, CAP=cfg.cap,
+        CHUNK_ITERS=c_pad.bit_length(), INDEX_ITERS=max(1, (V - 1).bit_length()), NV=_NUM_VALUE_PIVOTS, NK=_NUM_KEY_PIVOTS,
+        BLOCK=_SEARCH_BLOCK_CUDA if on_cuda else cfg.chunk,
+        DRAW_BLOCK=_SEARCH_DRAW_BLOCK_CUDA if on_cuda else cfg.chunk, MAX_PASSES=_MAX_PASSES,
+        num_warps=cfg.draw_warps,
+    )
+    return tokens, resolved
 
 
 def _check_args(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
@@ -341,19 +782,7 @@ def sample_from_logits(
     _check_uniform(logits, uniform, "sample_from_logits")
     if logits.stride(1) != 1:
         raise ValueError("sample_from_logits: the last dimension of logits must be contiguous")
-    B, V = logits.shape
-    tokens = torch.empty(B, dtype=torch.int64, device=logits.device)
-    if B == 0:
-        return tokens
-    on_cuda = logits.device.type == "cuda"
-    block = _BLOCK_CUDA if on_cuda else max(16, triton.next_power_of_2(-(-V // _INTERPRET_CHUNKS)))
-    draw_block = _DRAW_BLOCK_CUDA if on_cuda else block
-    _sample_kernel[(B,)](
-        logits, uniform, tokens, V, logits.stride(0), _LOG2E / temperature, top_k, top_p,
-        TOP_K=0 < top_k < V, TOP_P=top_p < 1.0, NV=_NUM_VALUE_PIVOTS, NK=_NUM_KEY_PIVOTS,
-        BLOCK=block, DRAW_BLOCK=draw_block, MAX_PASSES=_MAX_PASSES,
-        num_warps=_NUM_WARPS_CUDA if on_cuda else 1,
-    )
+    tokens, _ = _sample(logits, uniform, temperature, top_k, top_p, _config(logits.device, logits.shape[1]))
     return tokens
 
 

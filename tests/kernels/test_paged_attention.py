@@ -135,6 +135,19 @@ def test_long_context_in_splits_matches_fp64(num_splits, impl, device):
     _check([200], 14, 2, 32, 16, impl, device, num_splits=num_splits)
 
 
+GROUPS = [(1, 1), (8, 2), (12, 1), (32, 2)]  # G = 1, 4, 12 (a padded dot tile), 16 (a full one) over two KV heads
+
+
+@pytest.mark.parametrize("num_splits", [None, 1, 4])
+@pytest.mark.parametrize("Hq,Hkv", GROUPS, ids=[f"Hq{q}-Hkv{kv}" for q, kv in GROUPS])
+def test_random_batches_match_fp64(Hq, Hkv, num_splits, device):
+    """Random lengths (a length-1 sequence always among them), partial last blocks, 16-token
+    blocks: one split, four, or the shapes' choice."""
+    g = torch.Generator().manual_seed(Hq * 100 + Hkv + (num_splits or 0))
+    lens = [1] + torch.randint(1, 90, (5,), generator=g).tolist()
+    _check(lens, Hq, Hkv, 16, 16, "triton", device, num_splits=num_splits, seed=int(g.initial_seed()))
+
+
 @pytest.mark.parametrize("impl", ["triton", "eager"])
 def test_empty_splits_are_neutral(impl, device):
     """More splits than a short sequence has tiles: the empty ones must not add NaN or weight."""
@@ -149,11 +162,14 @@ def test_explicit_scale(impl, device):
 def test_default_splits_come_from_shapes():
     cpu = torch.device("cpu")
     tiles = pa._TILES_INTERPRET
+    target = tiles.programs_per_sm  # the interpreter counts one SM
     # A table spanning one split's minimum takes one split, whatever the batch.
     assert pa._num_splits(1, 2, tiles.min_split_tokens, tiles, cpu) == 1
-    # A long table at a small batch takes several; a batch that fills the target takes one.
-    assert pa._num_splits(1, 2, 64 * tiles.min_split_tokens, tiles, cpu) == pa._INTERPRET_TARGET_PROGRAMS // 2
-    assert pa._num_splits(pa._INTERPRET_TARGET_PROGRAMS, 1, 64 * tiles.min_split_tokens, tiles, cpu) == 1
+    # A long table at a small batch takes about one wave of programs; a batch that fills it takes one.
+    assert pa._num_splits(1, 2, 64 * tiles.min_split_tokens, tiles, cpu) == target // 2
+    assert pa._num_splits(3, 1, 64 * tiles.min_split_tokens, tiles, cpu) == round(target / 3)
+    assert pa._num_splits(target, 1, 64 * tiles.min_split_tokens, tiles, cpu) == 1
+    assert pa._num_splits(4 * target, 2, 64 * tiles.min_split_tokens, tiles, cpu) == 1
 
 
 @pytest.mark.parametrize("impl", ["triton", "eager"])

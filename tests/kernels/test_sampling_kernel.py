@@ -1,11 +1,14 @@
 """sample_from_logits: token-for-token parity with its eager twin, the official kept set, and the
-official distribution.
+official distribution, on both of the kernel's paths (the two-sweep bracket and the search
+fallback; `_sample` reports which one each row took).
 
-CPU: fp32 logits under TRITON_INTERPRET=1 at V = 37, 300 and 5000 (each row cut into a few
-chunks). GPU (skipped without CUDA): bf16 logits at the Qwen2.5 vocabulary, V = 151936.
-Rows are continuous random logits (no exact ties) unless a test plants ties on purpose.
+CPU: fp32 logits (and bf16 in one test) under TRITON_INTERPRET=1 at V = 37, 300 and 5000 (each
+row cut into a few chunks). GPU (skipped without CUDA): bf16 logits at the Qwen2.5 vocabulary,
+V = 151936, and a CUDA-graph capture. Rows are continuous random logits (no exact ties) unless a
+test plants ties on purpose.
 """
 
+import dataclasses
 import importlib
 import math
 
@@ -95,6 +98,60 @@ def test_extreme_uniforms_give_first_and_last_kept_token(temperature, top_k, top
     assert torch.equal(sample_from_logits(x, zeros + ONE_MINUS_ULP, impl=impl, **kw), last)
 
 
+def _next_pow2(n):
+    return 1 << (n - 1).bit_length()
+
+
+def _paths_config(path, device, V):
+    """The kernel's config for V with the bracket wide (every row takes the two sweeps), placed
+    wrong (a negative budget puts it above the threshold: the check fails) or overflowing a
+    16-slot buffer (every row falls back)."""
+    cfg = smp._config(torch.device(device), V)
+    if path == "wide":  # (on CUDA the default buffer holds V = 300: no kernel to compile again)
+        return dataclasses.replace(cfg, budget=2 * V, cap=max(cfg.cap, _next_pow2(V)))
+    if path == "miss":
+        return dataclasses.replace(cfg, budget=-V)
+    return dataclasses.replace(cfg, budget=2 * V, cap=16)
+
+
+@pytest.mark.parametrize("path", ["wide", "miss", "overflow"])
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 0.9), (0.7, 5, 0.9), (1.3, 5, 1.0),
+                                                     (1.0, 0, 0.5)])
+def test_both_paths_match_eager(path, temperature, top_k, top_p, device):
+    """The bracket path and the fallback give the eager twin's tokens; `resolved` says which ran."""
+    V = 300
+    x, u = _logits(6, V, device, seed=11)
+    tokens, resolved = smp._sample(x, u, temperature, top_k, top_p, _paths_config(path, device, V))
+    _assert_same_tokens(tokens, sample_from_logits_eager(x, u, temperature=temperature, top_k=top_k,
+                                                         top_p=top_p), x, u)
+    want = 1 if path == "wide" else 0
+    assert resolved.tolist() == [want] * 6, f"{path}: rows resolved by the two sweeps {resolved.tolist()}"
+
+
+def test_bracket_of_a_few_percent_resolves_ordinary_rows(device):
+    """The estimate is good enough that a bracket of V / 40 tokens a side (CUDA's is V / 76)
+    holds the threshold on ordinary rows, the planted one-token row included. (The planted
+    near-uniform row, all logits within 1e-3, fits in one histogram bin: it may fall back.)"""
+    V = 5000
+    x, u = _logits(8, V, device, seed=12)
+    cfg = smp._config(torch.device(device), V)
+    cfg = dataclasses.replace(cfg, budget=V // 40, cap=max(cfg.cap, 512))
+    for top_k, top_p in [(0, 0.9), (20, 0.9), (50, 1.0), (0, 0.5)]:
+        tokens, resolved = smp._sample(x, u, 1.0, top_k, top_p, cfg)
+        resolved[1] = 1
+        assert resolved.all(), f"top_k {top_k} top_p {top_p}: fallback on rows {(resolved == 0).nonzero().flatten().tolist()}"
+        _assert_same_tokens(tokens, sample_from_logits_eager(x, u, top_k=top_k, top_p=top_p), x, u)
+
+
+def test_bf16_rows_with_ties(device):
+    """bf16 logits (many exact ties at every threshold): the tie count and order are the official ones."""
+    V = 3000
+    x, u = _logits(6, V, device, seed=13, dtype=torch.bfloat16, scale=3.0)
+    for top_k, top_p in [(0, 0.9), (20, 0.9), (0, 0.3)]:
+        kw = dict(top_k=top_k, top_p=top_p)
+        _assert_same_tokens(sample_from_logits(x, u, **kw), sample_from_logits_eager(x, u, **kw), x, u)
+
+
 def _chi_square_p_value(counts, probs):
     """P(chi2_df >= statistic), df = cells - 1, by the regularised upper incomplete gamma."""
     expected = probs * counts.sum()
@@ -119,7 +176,9 @@ def test_distribution_matches_official_probabilities(device, monkeypatch):
     assert (probs[kept] * N).min() >= 5, "chi-square needs >= 5 expected draws per cell"
     g = torch.Generator(device=device).manual_seed(0)
     u = torch.rand(N, generator=g, device=device)
-    tokens = sample_from_logits(x, u, top_k=params.top_k, top_p=params.top_p).cpu()
+    # 2^13 rows a call: on CUDA the kernel's per-row buffers (64 KiB a row) stay at 512 MiB
+    tokens = torch.cat([sample_from_logits(x[i:i + 2**13], u[i:i + 2**13], top_k=params.top_k,
+                                           top_p=params.top_p) for i in range(0, N, 2**13)]).cpu()
     assert kept[tokens].all(), f"tokens outside the kept set: {sorted(set(tokens[~kept[tokens]].tolist()))}"
     counts = torch.bincount(tokens, minlength=12).double()[kept]
     assert _chi_square_p_value(counts, probs[kept]) > 1e-3
@@ -244,8 +303,10 @@ def test_bf16_qwen_vocabulary_distribution():
     w = smp._kept_weights(x.float(), 1.0, 0, 0.9)[0]
     probs = (w / w.sum()).cpu()
     g = torch.Generator(device="cuda").manual_seed(1)
-    tokens = sample_from_logits(x.expand(N, -1), torch.rand(N, generator=g, device="cuda"), **kw)
-    tokens = tokens.cpu()
+    u = torch.rand(N, generator=g, device="cuda")
+    # 2^13 rows a call: the kernel's per-row buffers (64 KiB a row) stay at 512 MiB
+    tokens = torch.cat([sample_from_logits(x.expand(2**13, -1), u[i:i + 2**13], **kw)
+                        for i in range(0, N, 2**13)]).cpu()
     assert (probs[tokens] > 0).all(), "a token outside the kept set"
     counts = torch.bincount(tokens, minlength=QWEN_V).double()
     big = probs * N >= 20
@@ -253,3 +314,37 @@ def test_bf16_qwen_vocabulary_distribution():
     cell_probs = torch.cat([probs[big], probs[~big].sum()[None]])
     assert big.sum() >= 20
     assert _chi_square_p_value(cells, cell_probs) > 1e-3
+
+
+@needs_cuda
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 0.9), (0.7, 20, 0.9), (1.0, 0, 1.0)])
+def test_bf16_qwen_vocabulary_takes_two_sweeps(temperature, top_k, top_p):
+    """On LLM-like bf16 rows (and the planted one-token row) the default bracket holds every
+    threshold. (The planted near-uniform row, all logits within 1e-3, fits in one histogram bin:
+    it may fall back.)"""
+    x, u = _logits(256, QWEN_V, "cuda", seed=7, dtype=torch.bfloat16, scale=3.0)
+    tokens, resolved = smp._sample(x, u, temperature, top_k, top_p, smp._config(x.device, QWEN_V))
+    resolved[1] = 1
+    assert resolved.all(), f"fallback on rows {(resolved == 0).nonzero().flatten().tolist()}"
+    assert smp.kept_mask_eager(x, temperature=temperature, top_k=top_k,
+                               top_p=top_p).gather(1, tokens[:, None]).all()
+
+
+@needs_cuda
+def test_cuda_graph_replay_reads_inputs_on_device():
+    """Captured on other logits and uniforms, replayed after the real ones are copied in: the
+    tokens follow what the tensors hold at replay (no host sync, no shape read from data)."""
+    x, u = _logits(64, QWEN_V, "cuda", seed=8, dtype=torch.bfloat16, scale=3.0)
+    x_static, u_static = torch.randn_like(x), torch.rand_like(u)
+    kw = dict(temperature=0.8, top_k=0, top_p=0.9)
+    sample_from_logits(x_static, u_static, **kw)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tokens = sample_from_logits(x_static, u_static, **kw)
+    x_static.copy_(x)
+    u_static.copy_(u)
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = sample_from_logits_eager(x, u, **kw)
+    assert int((tokens != ref).sum()) <= 2, f"rows differ: {(tokens != ref).nonzero().flatten().tolist()}"
