@@ -27,8 +27,8 @@ from test_bench_rl_loop import short_case
 
 from oreal_fast.config import TrainConfig
 from oreal_fast.model.attention import make_backend
-from oreal_fast.rl_step import Precision, clip_and_step, rl_phase
-from oreal_fast.trainer import rl_settings
+from oreal_fast.rl_step import RLSettings, clip_and_step, rl_phase
+from oreal_fast.runtime import Precision
 
 SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 
@@ -59,7 +59,7 @@ def profile_variant(name: str, budget: int, backend: str) -> dict:
     models = rl_models()
     _use_backend(models, backend)
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-7, fused=True) for m in (models.actor, models.token_rm)]
-    settings = rl_settings(TrainConfig(actor="random", datasets="none", threshold_rescale=True), Precision(torch.device(DEVICE), torch.bfloat16))
+    settings = RLSettings.from_config(TrainConfig(actor="random", datasets="none", threshold_rescale=True), Precision(torch.device(DEVICE), torch.bfloat16))
 
     def phase():
         rl_phase(models, kept, settings, micro_batch_size=2, token_budget=budget, update_actor=True)

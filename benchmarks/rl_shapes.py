@@ -16,7 +16,7 @@ import torch
 
 from oreal_fast.model.decoder import Decoder, DecoderConfig, TokenRewardModel, trunk_flops
 from oreal_fast.recompute import apply_selective_recompute
-from oreal_fast.rl_step import RLModels
+from oreal_fast.runtime import RLModels
 from oreal_fast.trajectories import Trajectory
 
 QWEN25_05B = DecoderConfig(family="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,

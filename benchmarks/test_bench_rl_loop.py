@@ -26,8 +26,8 @@ import torch
 from rl_shapes import DEVICE, PEAK_FLOPS, rl_models, rl_phase_flops, trajectories
 
 from oreal_fast.config import TrainConfig
-from oreal_fast.rl_step import Precision, clip_and_step, rl_phase
-from oreal_fast.trainer import rl_settings
+from oreal_fast.rl_step import RLSettings, clip_and_step, rl_phase
+from oreal_fast.runtime import Precision
 from oreal_fast.trajectories import plan_micro_batches
 
 CAP_GIB = 40.0
@@ -66,7 +66,7 @@ def test_rl_loop(benchmark, provider, case):
         models = rl_models()
         actor_opt = torch.optim.AdamW(models.actor.parameters(), lr=1e-7, weight_decay=0.01, fused=True)
         rm_opt = torch.optim.AdamW(models.token_rm.parameters(), lr=1e-7, weight_decay=0.01, fused=True)
-        settings = rl_settings(TrainConfig(actor="random", datasets="none", threshold_rescale=True), Precision(torch.device(DEVICE), torch.bfloat16))
+        settings = RLSettings.from_config(TrainConfig(actor="random", datasets="none", threshold_rescale=True), Precision(torch.device(DEVICE), torch.bfloat16))
         budget = BUDGETS[provider]
 
         def phase():

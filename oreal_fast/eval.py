@@ -55,27 +55,21 @@ def evaluate_model(cfg: TrainConfig) -> dict:
     from oreal_fast.config import validate_stop_word
     from oreal_fast.evaluate import Evaluator
     from oreal_fast.judge import Router
-    from oreal_fast.model.decoder import max_rope_positions
-    from oreal_fast.model.hf_io import load_decoder, load_tokenizer
+    from oreal_fast.model.hf_io import load_tokenizer
     from oreal_fast.rollout import build_rollout
-    from oreal_fast.trainer import model_ref_errors, resolve_device, resolve_precision
+    from oreal_fast.runtime import build_runtime, load_frozen, model_ref_errors
 
-    device = resolve_device(cfg.device)
-    precision = resolve_precision(cfg, device)
-    compute = precision.compute_dtype
+    runtime = build_runtime(cfg)
     with model_ref_errors(cfg, "actor"):
         tokenizer = load_tokenizer(cfg.actor)
     if cfg.chat_template is not None:
         tokenizer.chat_template = cfg.chat_template
     evaluator = Evaluator.from_config(cfg, tokenizer=tokenizer, stop_token_id=validate_stop_word(cfg, tokenizer),
-                                      device=device)
-    with model_ref_errors(cfg, "actor"):
-        actor = load_decoder(cfg.actor, dtype=compute, device=device, compute_dtype=compute)
-    if cfg.gen_max_length > max_rope_positions(actor.config):
-        raise ConfigError(f"gen_max_length: {cfg.gen_max_length} is above the {max_rope_positions(actor.config)} "
-                          f"positions the rope table of {cfg.actor!r} covers")
+                                      device=runtime.device)
+    actor = load_frozen(cfg, "actor", runtime)
     num_sessions = len(evaluator.records) * max(1, cfg.val_samples_per_problem)
-    rollout = build_rollout(cfg, actor, compute_dtype=compute, num_sessions=num_sessions, training=False)
+    rollout = build_rollout(cfg, actor, compute_dtype=runtime.compute_dtype, num_sessions=num_sessions,
+                            training=False)
     with Router(cfg.judgers_config, cfg.data_judger_mapping) as router:
         result = evaluator.evaluate(rollout, router)
     return {

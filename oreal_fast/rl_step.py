@@ -8,10 +8,11 @@ actor's keeps only one model's activations alive at a time.
 
 Only the action positions (labels != -100) reach the LM head: their hidden rows are gathered inside
 the model's forward (the ``head`` argument), so prompt tokens cost no vocabulary-sized work and the
-head runs where a parameter-gathering wrapper (FSDP2) sees it. ``RLSettings`` holds everything the
-micro-step needs of the config, built once per run: the loss constants, the RM weight rule, the
-precision and which LM-head kernel computes the actor loss (``linear_logprob`` + the eager loss, or
-``fused_oreal_loss``, each with ``impl`` "triton" or "eager").
+head runs where a parameter-gathering wrapper (FSDP2) sees it; the LM-head kernels cast the head's
+inputs to the autocast dtype themselves. ``RLSettings`` holds everything the micro-step needs of
+the config, built once per run: the loss constants, the RM weight rule, the precision
+(``runtime.Precision``) and which LM-head kernel computes the actor loss (``linear_logprob`` + the
+eager loss, or ``fused_oreal_loss``, each with ``impl`` "triton" or "eager").
 
 Data parallel: ``rl_phase`` trains this rank's share of the kept list and returns sums over all
 ranks (``oreal_fast.parallel``); the losses are divided by global counts, so summed gradients are
@@ -23,13 +24,13 @@ Invariant: every returned value is a 0-d tensor on the model's device that SUMs 
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
 
 from oreal_fast.algo import (
+    ActorLossInputs,
     LossCoefficients,
     Normalisers,
     actor_metric_sums,
@@ -44,35 +45,10 @@ from oreal_fast.algo import (
 from oreal_fast.kernels import fused_oreal_loss, linear_logprob
 from oreal_fast.model.decoder import Decoder, TokenRewardModel
 from oreal_fast.parallel import DataParallel, full_tensor, sum_over_ranks
+from oreal_fast.runtime import Precision, RLModels, resolve_kernel_impl
 from oreal_fast.trajectories import RLMicroBatch, Trajectory, make_micro_batches, plan_micro_batches
 
 LOSS_KERNELS = ("linear_logprob", "fused_oreal_loss")
-
-
-@dataclass
-class RLModels:
-    """The three models of the RL phase; ``token_rm`` is None when the config has no RM."""
-
-    actor: Decoder
-    reference: Decoder
-    token_rm: TokenRewardModel | None
-
-
-@dataclass(frozen=True)
-class Precision:
-    """How forwards run: ``compute_dtype`` for matmuls (autocast on CUDA), fp32 masters elsewhere."""
-
-    device: torch.device
-    compute_dtype: torch.dtype
-
-    def autocast(self) -> contextlib.AbstractContextManager:
-        if self.device.type == "cuda" and self.compute_dtype != torch.float32:
-            return torch.autocast("cuda", dtype=self.compute_dtype)
-        return contextlib.nullcontext()
-
-    def kernels_own_precision(self) -> contextlib.AbstractContextManager:
-        """The LM-head kernels and their eager twins pick their own precisions: autocast must not recast them."""
-        return torch.autocast(self.device.type, enabled=False)
 
 
 @dataclass(frozen=True)
@@ -113,6 +89,12 @@ class RLSettings:
         if self.loss_kernel not in LOSS_KERNELS:
             raise ValueError(f"RLSettings.loss_kernel {self.loss_kernel!r}: expected one of {LOSS_KERNELS}")
 
+    @classmethod
+    def from_config(cls, cfg: Any, precision: Precision) -> "RLSettings":
+        """What every micro-step needs of the config, built once per run."""
+        return cls(LossCoefficients.from_config(cfg), TokenWeightRule.from_config(cfg), precision,
+                   impl=resolve_kernel_impl(cfg.loss_impl, precision.device), loss_kernel=cfg.loss_kernel)
+
 
 class MicroStepSums(NamedTuple):
     """0-d fp32 sums of one micro-batch (already divided by the step's global normalisers)."""
@@ -127,14 +109,12 @@ class MicroStepSums(NamedTuple):
     num_action_tokens: torch.Tensor
 
 
-def _action_head(batch: RLMicroBatch, settings: RLSettings, lm_head):
-    """A ``Decoder.forward`` head: gathers the action rows, casts to the compute dtype, applies ``lm_head``."""
-    dtype = settings.precision.compute_dtype
+def _action_head(batch: RLMicroBatch, lm_head):
+    """A ``Decoder.forward`` head: gathers the action rows and applies ``lm_head`` (an LM-head
+    kernel, which casts to the autocast dtype itself)."""
 
     def head(hidden: torch.Tensor, weight: torch.Tensor):
-        hidden = hidden.index_select(0, batch.action_index)  # (A, H)
-        with settings.precision.kernels_own_precision():
-            return lm_head(hidden.to(dtype), weight.to(dtype))
+        return lm_head(hidden.index_select(0, batch.action_index), weight)  # (A, H) rows
 
     return head
 
@@ -142,7 +122,7 @@ def _action_head(batch: RLMicroBatch, settings: RLSettings, lm_head):
 def action_logprobs(model: Decoder, batch: RLMicroBatch, settings: RLSettings) -> torch.Tensor:
     """log pi(a_t) of every action token of the micro-batch, packed: ``[A]`` fp32."""
     row, labels = batch.row, batch.action_labels
-    head = _action_head(batch, settings, lambda h, w: linear_logprob(h, w, labels, impl=settings.impl))
+    head = _action_head(batch, lambda h, w: linear_logprob(h, w, labels, impl=settings.impl))
     with settings.precision.autocast():
         return model(row.input_ids, row.positions, row.cu_seqlens, row.max_seqlen, head=head)
 
@@ -174,14 +154,14 @@ def actor_loss(
     """Actor forward and the OREAL loss terms (4.11) with the configured kernel; -> (terms, logprobs [A])."""
     advantages = batch.advantages.index_select(0, batch.action_seq)  # (A,)
     is_positive = (batch.rewards > 0).index_select(0, batch.action_seq)  # (A,)
+    inputs = ActorLossInputs(ref_lp, advantages, is_positive, w_pos, w_neg, norm)
     row, labels, coefs = batch.row, batch.action_labels, settings.coefficients
     if settings.loss_kernel == "fused_oreal_loss":
-        head = _action_head(batch, settings, lambda h, w: fused_oreal_loss(
-            h, w, labels, ref_lp, advantages, is_positive, w_pos, w_neg, norm, coefs, impl=settings.impl))
+        head = _action_head(batch, lambda h, w: fused_oreal_loss(h, w, labels, inputs, coefs, impl=settings.impl))
         with settings.precision.autocast():
             return actor(row.input_ids, row.positions, row.cu_seqlens, row.max_seqlen, head=head)
     lp = action_logprobs(actor, batch, settings)
-    return oreal_actor_loss(lp, ref_lp, advantages, is_positive, w_pos, w_neg, norm, coefs), lp
+    return oreal_actor_loss(lp, inputs, coefs), lp
 
 
 def rl_micro_step(

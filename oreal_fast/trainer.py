@@ -26,7 +26,6 @@ contiguous share of the kept list (Q3: none twice) with the global normalisers; 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import random
@@ -43,7 +42,6 @@ from tqdm import tqdm
 from oreal_fast import checkpoint as ckpt
 from oreal_fast.algo import (
     ActorMetricSums,
-    LossCoefficients,
     OfficialLRScheduler,
     actor_metrics,
     compute_advantages,
@@ -57,8 +55,7 @@ from oreal_fast.evaluate import Evaluator, validation_due
 from oreal_fast.interrupt import StopRun, StopSignals
 from oreal_fast.judge import JudgeItem, Router
 from oreal_fast.metrics import MetricsWriter, SilentMetrics, dump_trajectories
-from oreal_fast.model.decoder import max_rope_positions
-from oreal_fast.model.hf_io import load_decoder, load_token_rm, load_tokenizer
+from oreal_fast.model.hf_io import load_tokenizer
 from oreal_fast.parallel import (
     DataParallel,
     broadcast_from_main,
@@ -67,18 +64,9 @@ from oreal_fast.parallel import (
     full_weights,
     gather_lists,
     init_data_parallel,
-    parallelize,
 )
-from oreal_fast.recompute import apply_selective_recompute
-from oreal_fast.rl_step import (
-    MicroStepSums,
-    Precision,
-    RLModels,
-    RLSettings,
-    TokenWeightRule,
-    clip_and_step,
-    rl_phase,
-)
+from oreal_fast.rl_step import MicroStepSums, RLSettings, clip_and_step, rl_phase
+from oreal_fast.runtime import build_runtime, load_rl_models, model_ref_errors
 from oreal_fast.rollout import RolloutEngine, build_rollout, sampling_params
 from oreal_fast.run_dir import CheckpointWriteError, RunFolder, check_free_space, check_work_dir
 from oreal_fast.trajectories import Trajectory
@@ -91,52 +79,6 @@ def set_random_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-@contextlib.contextmanager
-def model_ref_errors(cfg: TrainConfig, key: str):
-    """A model or tokenizer that cannot be loaded is a config error naming its key (one line on the
-    command line, exit 2), not a traceback from deep inside the loader."""
-    try:
-        yield
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{key} in {cfg.config_path}: {e}") from e
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> CUDA when visible, else CPU (the config has checked that a named one exists).
-
-    A CUDA device comes with its index (the current device): the memory queries and caps of
-    ``torch.cuda`` refuse a bare ``cuda``.
-    """
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device("cuda", torch.cuda.current_device()) if name == "cuda" else torch.device(name)
-
-
-def resolve_precision(cfg: TrainConfig, device: torch.device) -> Precision:
-    """``dtype=auto``: bf16 on a GPU that has it, else fp16; on CPU fp32 (bf16 matmuls are slow there)."""
-    named = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-    if cfg.dtype in named:
-        dtype = named[cfg.dtype]
-    elif device.type == "cuda":
-        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    else:
-        dtype = torch.float32
-    return Precision(device, dtype)
-
-
-def resolve_loss_impl(cfg: TrainConfig, device: torch.device) -> str:
-    """``loss_impl`` -> the kernels' ``impl``: auto = Triton kernels on CUDA, the eager twin on CPU."""
-    if cfg.loss_impl == "auto":
-        return "triton" if device.type == "cuda" else "eager"
-    return cfg.loss_impl
-
-
-def rl_settings(cfg: TrainConfig, precision: Precision) -> RLSettings:
-    """What every micro-step needs of the config, built once per run."""
-    return RLSettings(LossCoefficients.from_config(cfg), TokenWeightRule.from_config(cfg), precision,
-                      impl=resolve_loss_impl(cfg, precision.device), loss_kernel=cfg.loss_kernel)
 
 
 def check_data_parallel(cfg: TrainConfig, dp: DataParallel) -> None:
@@ -186,12 +128,9 @@ class Trainer:
         self.dp = dp
         check_data_parallel(cfg, dp)
         self.stop = stop or StopSignals()
-        self.device = resolve_device(cfg.device)
-        self.precision = resolve_precision(cfg, self.device)
-        self.rl_settings = rl_settings(cfg, self.precision)
-        if cfg.gpu_memory_limit_gib is not None:
-            total = torch.cuda.get_device_properties(self.device).total_memory
-            torch.cuda.set_per_process_memory_fraction(cfg.gpu_memory_limit_gib * 2**30 / total, self.device)
+        self.runtime = build_runtime(cfg, dp)
+        self.device, self.precision = self.runtime.device, self.runtime.precision
+        self.rl_settings = RLSettings.from_config(cfg, self.precision)
         self._notes = compatibility_notes(cfg)  # start-up facts; the text log exists once the folder does
         check_work_dir(cfg)
         self.run, resume, resume_state = self._open_resume()
@@ -311,29 +250,7 @@ class Trainer:
 
     def _load_models(self) -> None:
         """Actor and token RM as fp32 masters, the frozen reference in the compute dtype (1.1)."""
-        cfg, device, compute = self.cfg, self.device, self.precision.compute_dtype
-        with model_ref_errors(cfg, "actor"):
-            actor = load_decoder(cfg.actor, dtype=torch.float32, device=device, compute_dtype=compute)
-        with model_ref_errors(cfg, "reference"):
-            reference = load_decoder(cfg.reference or cfg.actor, dtype=compute, device=device)
-        reference.requires_grad_(False).eval()
-        if cfg.gen_max_length > max_rope_positions(actor.config):
-            raise ConfigError(f"gen_max_length in {cfg.config_path}: {cfg.gen_max_length} is above the "
-                              f"{max_rope_positions(actor.config)} positions the actor's rope table covers")
-        token_rm = None
-        if cfg.token_level_rm is not None:
-            with model_ref_errors(cfg, "token_level_rm"):
-                token_rm = load_token_rm(cfg.token_level_rm, dtype=torch.float32, device=device, compute_dtype=compute)
-        # the trained models keep activations for backward; the official run recomputes every block
-        apply_selective_recompute(actor, cfg.selective_recompute)
-        if token_rm is not None:
-            apply_selective_recompute(token_rm.backbone, cfg.selective_recompute)
-        if self.dp.enabled:  # FSDP2 after recompute, before the optimisers see the parameters
-            parallelize(actor, actor.blocks, device)
-            parallelize(reference, reference.blocks, device)
-            if token_rm is not None:
-                parallelize(token_rm, token_rm.backbone.blocks, device)
-        self.models = RLModels(actor, reference, token_rm)
+        self.models = load_rl_models(self.cfg, self.runtime)
 
     def _build_optimizers(self) -> None:
         """AdamW with torch defaults and weight decay on every parameter; the official LR stepping (1.2, 4.13)."""

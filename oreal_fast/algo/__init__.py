@@ -12,6 +12,7 @@ from oreal_fast.algo.filtering import (
 )
 from oreal_fast.algo.loss import (
     KL_TYPES,
+    ActorLossInputs,
     ActorLossTerms,
     ActorMetricSums,
     LossCoefficients,
@@ -35,6 +36,7 @@ from oreal_fast.algo.token_rm import (
 )
 
 __all__ = [
+    "ActorLossInputs",
     "ActorLossTerms",
     "ActorMetricSums",
     "KL_TYPES",

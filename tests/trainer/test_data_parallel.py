@@ -25,8 +25,9 @@ from oreal_fast.parallel import (
     init_data_parallel,
     parallelize,
 )
-from oreal_fast.rl_step import Precision, RLModels, clip_and_step, rl_phase
-from oreal_fast.trainer import Trainer, check_data_parallel, rl_settings
+from oreal_fast.rl_step import RLSettings, clip_and_step, rl_phase
+from oreal_fast.runtime import Precision, RLModels
+from oreal_fast.trainer import Trainer, check_data_parallel
 from oreal_fast.trajectories import Trajectory, plan_micro_batches
 
 from conftest import KeywordRouter, make_tokenizer
@@ -65,11 +66,12 @@ def _one_step(cfg_path: str, actor_dir: str, ref_dir: str, num_kept: int, budget
                       load_token_rm(ref_dir, dtype=torch.float32, device=dev))
     with torch.no_grad():  # a non-zero RM head, so the token weights are not all equal
         models.token_rm.score_head.weight.copy_(torch.randn(1, 32, generator=torch.Generator().manual_seed(0)))
+    precision = Precision(dev, torch.float32)
     if dp.enabled:
-        parallelize(models.actor, models.actor.blocks, dev)
-        parallelize(models.reference, models.reference.blocks, dev)
-        parallelize(models.token_rm, models.token_rm.backbone.blocks, dev)
-    sums = rl_phase(models, _kept(num_kept), rl_settings(cfg, Precision(dev, torch.float32)),
+        parallelize(models.actor, models.actor.blocks, precision.fsdp_policy())
+        parallelize(models.reference, models.reference.blocks, precision.fsdp_policy())
+        parallelize(models.token_rm, models.token_rm.backbone.blocks, precision.fsdp_policy())
+    sums = rl_phase(models, _kept(num_kept), RLSettings.from_config(cfg, precision),
                     micro_batch_size=2, token_budget=budget, update_actor=True, dp=dp)
     trained = {"actor": models.actor, "rm": models.token_rm}
     out = {"sums": {k: float(v) for k, v in sums._asdict().items()}}

@@ -8,8 +8,8 @@ import torch
 
 from oreal_fast.config import load_config
 from oreal_fast.model.hf_io import load_decoder, load_token_rm
-from oreal_fast.rl_step import Precision, RLModels, rl_phase
-from oreal_fast.trainer import rl_settings
+from oreal_fast.rl_step import RLSettings, rl_phase
+from oreal_fast.runtime import Precision, RLModels
 from oreal_fast.trajectories import Trajectory, plan_micro_batches
 
 from test_step import write_config
@@ -48,7 +48,7 @@ def _phase(cfg, actor_dir, ref_dir, kept, micro_batch_size, budget):
                       load_token_rm(ref_dir, dtype=torch.float64, device=dev))
     with torch.no_grad():  # a non-zero RM head, so the token weights are not all equal
         models.token_rm.score_head.weight.copy_(torch.randn(1, 32, generator=torch.Generator().manual_seed(0)))
-    sums = rl_phase(models, kept, rl_settings(cfg, Precision(dev, torch.float64)),
+    sums = rl_phase(models, kept, RLSettings.from_config(cfg, Precision(dev, torch.float64)),
                     micro_batch_size=micro_batch_size, token_budget=budget, update_actor=True)
     grads = {f"actor.{n}": p.grad.clone() for n, p in models.actor.named_parameters()}
     grads.update({f"rm.{n}": p.grad.clone() for n, p in models.token_rm.named_parameters()})
