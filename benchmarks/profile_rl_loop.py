@@ -27,7 +27,8 @@ from test_bench_rl_loop import short_case
 
 from oreal_fast.config import TrainConfig
 from oreal_fast.model.attention import make_backend
-from oreal_fast.rl_step import RLSettings, clip_and_step, rl_phase
+from oreal_fast.optimizers import clip_gradients
+from oreal_fast.rl_step import RLSettings, rl_phase
 from oreal_fast.runtime import Precision
 
 SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
@@ -63,8 +64,10 @@ def profile_variant(name: str, budget: int, backend: str) -> dict:
 
     def phase():
         rl_phase(models, kept, settings, micro_batch_size=2, token_budget=budget, update_actor=True)
-        clip_and_step(models.actor, opts[0], 1.0)
-        clip_and_step(models.token_rm, opts[1], 1.0)
+        for model, opt in zip((models.actor, models.token_rm), opts):
+            clip_gradients(model, 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
 
     phase()

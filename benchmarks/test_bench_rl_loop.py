@@ -26,7 +26,8 @@ import torch
 from rl_shapes import DEVICE, PEAK_FLOPS, rl_models, rl_phase_flops, trajectories
 
 from oreal_fast.config import TrainConfig
-from oreal_fast.rl_step import RLSettings, clip_and_step, rl_phase
+from oreal_fast.optimizers import clip_gradients
+from oreal_fast.rl_step import RLSettings, rl_phase
 from oreal_fast.runtime import Precision
 from oreal_fast.trajectories import plan_micro_batches
 
@@ -71,8 +72,10 @@ def test_rl_loop(benchmark, provider, case):
 
         def phase():
             rl_phase(models, kept, settings, micro_batch_size=2, token_budget=budget, update_actor=True)
-            clip_and_step(models.actor, actor_opt, 1.0)
-            clip_and_step(models.token_rm, rm_opt, 1.0)
+            for model, opt in ((models.actor, actor_opt), (models.token_rm, rm_opt)):
+                clip_gradients(model, 1.0)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
             torch.cuda.synchronize()
 
         phase()  # warm-up: kernels compiled, optimiser states allocated

@@ -1,5 +1,5 @@
 """The RL phase: global normalisers, then per packed micro-batch the forwards, token-RM loss and
-weights and the actor loss (4.7-4.11), and the optimiser steps (4.12).
+weights and the actor loss (4.7-4.11); the optimiser steps (4.12) are ``optimizers``'.
 
 Order: reference log-probs (no grad), token-RM scores -> RM BCE -> RM backward -> token weights,
 then the actor forward -> OREAL loss -> actor backward. The official order runs the actor first
@@ -44,7 +44,7 @@ from oreal_fast.algo import (
 )
 from oreal_fast.kernels import fused_oreal_loss, linear_logprob
 from oreal_fast.model.decoder import Decoder, TokenRewardModel
-from oreal_fast.parallel import DataParallel, full_tensor, sum_over_ranks
+from oreal_fast.parallel import DataParallel, sum_over_ranks
 from oreal_fast.runtime import Precision, RLModels, resolve_kernel_impl
 from oreal_fast.trajectories import RLMicroBatch, Trajectory, make_micro_batches, plan_micro_batches
 
@@ -234,18 +234,3 @@ def rl_phase(
         sums = rl_micro_step(models, micro, norm, settings, update_actor=update_actor, pad=pad)
         total = sums if total is None else MicroStepSums(*(a + b for a, b in zip(total, sums)))
     return MicroStepSums(*sum_over_ranks(dp, list(total)))
-
-
-def clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
-    """Global L2 clip with coefficient min(1, max_norm / (norm + 1e-6)), AdamW step, zero grads (4.12).
-
-    With FSDP2 the parameters are DTensor shards: the norm is over the whole model, as the clip
-    coefficient needs, and comes back as a plain tensor.
-
-    Returns:
-        The pre-clip gradient norm, 0-d on the device (read it once per step, with the metrics).
-    """
-    norm = full_tensor(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return norm

@@ -75,7 +75,7 @@ def test_trainer_loop_runs_checkpoints_and_resumes_on_gpu(tmp_path, gpu_model_di
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     straight = Trainer(load_config(_config(tmp_path / "a", gpu_model_dir, prompt_file)))
-    assert straight.precision.compute_dtype == torch.bfloat16
+    assert straight.runtime.compute_dtype == torch.bfloat16
     assert straight.models.actor.attn_backend == "varlen"  # chosen for bf16 compute, not the fp32 masters
     expected = _rows(straight.fit())
     assert [r["step"] for r in expected] == [1, 2, 3]
