@@ -52,20 +52,14 @@ def settings(model: str, datasets: str | list[str] | None, config: str | None, k
 
 def evaluate_model(cfg: TrainConfig) -> dict:
     """Loads ``cfg.actor``, evaluates it on ``cfg.val_datasets``; returns the JSON report."""
-    from oreal_fast.config import validate_stop_word
     from oreal_fast.evaluate import Evaluator
     from oreal_fast.judge import Router
-    from oreal_fast.model.hf_io import load_tokenizer
     from oreal_fast.rollout import build_rollout
-    from oreal_fast.runtime import build_runtime, load_frozen, model_ref_errors
+    from oreal_fast.runtime import build_runtime, load_chat_tokenizer, load_frozen
 
     runtime = build_runtime(cfg)
-    with model_ref_errors(cfg, "actor"):
-        tokenizer = load_tokenizer(cfg.actor)
-    if cfg.chat_template is not None:
-        tokenizer.chat_template = cfg.chat_template
-    evaluator = Evaluator.from_config(cfg, tokenizer=tokenizer, stop_token_id=validate_stop_word(cfg, tokenizer),
-                                      device=runtime.device)
+    tokenizer, stop_token_id = load_chat_tokenizer(cfg)
+    evaluator = Evaluator.from_config(cfg, tokenizer=tokenizer, stop_token_id=stop_token_id, device=runtime.device)
     actor = load_frozen(cfg, "actor", runtime)
     num_sessions = len(evaluator.records) * max(1, cfg.val_samples_per_problem)
     rollout = build_rollout(cfg, actor, compute_dtype=runtime.compute_dtype, num_sessions=num_sessions,

@@ -9,8 +9,9 @@ Writes, under one run folder:
                            log and TensorBoard)
   ``trajectories/step.{i}.jsonl`` and ``.log``  the kept trajectories of step i (5.2)
 
-It does not compute metrics; the trainer hands it a finished dict. Invariant: the jsonl file only
-ever holds complete lines, and a resumed run first drops the lines of steps it will redo.
+It does not compute metrics (``step_record.step_metrics`` does); it writes a finished dict.
+Invariant: the jsonl file only ever holds complete lines, and a resumed run first drops the lines
+of steps it will redo.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 # The keys of the official rank0.log.jsonl, in order (reference 5.1).
 OFFICIAL_KEYS = (
@@ -49,12 +51,12 @@ OFFICIAL_KEYS = (
 )
 
 
-
 def reproducible_metrics(row: dict[str, Any]) -> dict[str, Any]:
     """A metrics row without what differs between any two runs of the same steps: wall-clock
     timings (``*_time``, ``*_time_s``, ``eta``), throughputs (``*_tgs``, ``*_per_s``) and peak memory."""
     varying = ("time", "tgs", "memory", "per_s")
     return {k: v for k, v in row.items() if k != "eta" and not any(part in k for part in varying)}
+
 
 class MetricsWriter:
     """Appends one step's metrics to the jsonl, the text log and TensorBoard."""
@@ -139,6 +141,16 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}" if abs(value) < 1e-3 and value != 0 else f"{value:.4f}"
     return str(value)
+
+
+def trajectory_rows(kept: Iterable[Any], decode: Callable[..., str]) -> list[dict[str, Any]]:
+    """The dump records of kept trajectories (``trajectories.Trajectory``): the decoded sequence
+    (special tokens kept), token count, reward, advantage, input ids and labels."""
+    return [
+        {"sequence": decode(t.input_ids, skip_special_tokens=False), "num_tokens": t.num_tokens,
+         "judger_reward": t.reward, "judger_advantage": t.advantage, "input_ids": t.input_ids, "labels": t.labels}
+        for t in kept
+    ]
 
 
 def dump_trajectories(run_dir: str, step: int, records: Iterable[dict[str, Any]], *, debug: bool) -> None:

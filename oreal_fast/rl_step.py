@@ -210,8 +210,9 @@ def rl_phase(
     With data parallelism every rank holds the whole kept list: the normalisers count all of it,
     the rank trains its contiguous share (``DataParallel.share``, no trajectory twice: Q3), and a
     rank with fewer micro-batches than the busiest one runs zero-weight padding micro-batches
-    (``rl_micro_step(pad=True)``) so that every rank makes the same FSDP collectives. The counts
-    come from host lengths every rank knows, so this needs no collective of its own.
+    (``rl_micro_step(pad=True)``) so that every rank makes the same FSDP collectives. Every rank
+    plans all ranks' micro-batches once, from host lengths every rank knows, so this needs no
+    collective of its own.
 
     Args:
         kept: the step's kept trajectories (at least one), the same list on every rank.
@@ -224,11 +225,11 @@ def rl_phase(
     lens = torch.tensor([t.num_actions for t in kept]).to(device, non_blocking=True)
     rewards = torch.tensor([t.reward for t in kept]).to(device, non_blocking=True)
     norm = global_normalisers(lens, rewards)
-    num_micro = [len(plan_micro_batches([t.num_tokens for t in share], micro_batch_size, token_budget))
-                 for share in (DataParallel(r, dp.world_size).share(kept) for r in range(dp.world_size))]
-    micro_batches = make_micro_batches(dp.share(kept), micro_batch_size, token_budget, device)
-    num_pad = max(num_micro) - len(micro_batches)
-    pads = make_micro_batches(kept[:1], 1, 0, device) * num_pad if num_pad else []
+    plans = [plan_micro_batches([t.num_tokens for t in share], micro_batch_size, token_budget)
+             for share in (DataParallel(r, dp.world_size).share(kept) for r in range(dp.world_size))]
+    micro_batches = make_micro_batches(dp.share(kept), plans[dp.rank], device)
+    num_pad = max(len(plan) for plan in plans) - len(micro_batches)
+    pads = make_micro_batches(kept[:1], [range(1)], device) * num_pad if num_pad else []
     total = None
     for micro, pad in [(m, False) for m in micro_batches] + [(m, True) for m in pads]:
         sums = rl_micro_step(models, micro, norm, settings, update_actor=update_actor, pad=pad)

@@ -1,16 +1,17 @@
 """Where and in what precision this process computes, decided once per run, and the models held that way.
 
-`build_runtime` resolves, from the config, the device (``auto``: CUDA when visible), the
-data-parallel world (``parallel.init_data_parallel``), one compute dtype and the LM-head kernels'
-``impl``. Both precisions a forward can meet derive from that one dtype: the autocast around the
-forwards (`Precision.autocast`) and FSDP2's mixed-precision policy (`Precision.fsdp_policy`), so a
-config's ``dtype`` is what every matmul computes in, with or without ``torchrun``.
+`build_runtime` resolves, from the config, the device (``auto``: CUDA when visible) and one compute
+dtype, and carries the data-parallel rank (``parallel.init_data_parallel``). Both precisions a
+forward can meet derive from that one dtype: the autocast around the forwards
+(`Precision.autocast`) and FSDP2's mixed-precision policy (`Precision.fsdp_policy`), so a config's
+``dtype`` is what every matmul computes in, with or without ``torchrun``. `resolve_kernel_impl`
+turns ``loss_impl`` into the LM-head kernels' ``impl`` for the device.
 
 `load_rl_models` loads the three models of the RL phase as the runtime says (the trained actor and
 token RM as fp32 masters, the frozen reference in the compute dtype) and prepares each in
 torchtitan's order (`prepare_model`): activation recompute, then compile (nothing here is
 compiled: the trunk runs eager or through its own kernels), then ``fully_shard`` per block, then
-the root.
+the root. `load_frozen` and `load_chat_tokenizer` serve evaluation the same way.
 
 Not here: the LM-head kernels' casts (each kernel casts its inputs to the autocast dtype itself),
 the rollout engines' precision (``rollout.build_rollout`` hands them the compute dtype).
@@ -23,13 +24,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
-from oreal_fast.config import ConfigError, TrainConfig
+from oreal_fast.config import ConfigError, TrainConfig, validate_stop_word
 from oreal_fast.model.decoder import Decoder, TokenRewardModel, max_rope_positions
-from oreal_fast.model.hf_io import load_decoder, load_token_rm
+from oreal_fast.model.hf_io import load_decoder, load_token_rm, load_tokenizer
 from oreal_fast.parallel import DataParallel, parallelize
 from oreal_fast.recompute import apply_selective_recompute
 
@@ -46,8 +48,9 @@ class Precision:
     compute_dtype: torch.dtype
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        """Autocast to ``compute_dtype`` around a forward; none when that is fp32 (the masters' dtype)."""
-        if self.compute_dtype == torch.float32:
+        """Autocast to ``compute_dtype`` around a forward when it is a 16-bit dtype; none for fp32 (the
+        masters' dtype) or fp64 (the CPU tests that compare two computations to rounding)."""
+        if self.compute_dtype not in (torch.bfloat16, torch.float16):
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
@@ -62,12 +65,10 @@ class Runtime:
 
     Attributes:
         precision: the device and the compute dtype.
-        kernel_impl: the LM-head kernels' ``impl``, "triton" or "eager".
         dp: the data-parallel rank (rank 0 of 1 without ``torchrun``).
     """
 
     precision: Precision
-    kernel_impl: str
     dp: DataParallel = DataParallel()
 
     @property
@@ -113,8 +114,7 @@ def build_runtime(cfg: TrainConfig, dp: DataParallel = DataParallel()) -> Runtim
     if cfg.gpu_memory_limit_gib is not None:
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(cfg.gpu_memory_limit_gib * 2**30 / total, device)
-    precision = Precision(device, resolve_compute_dtype(cfg.dtype, device))
-    return Runtime(precision, resolve_kernel_impl(cfg.loss_impl, device), dp)
+    return Runtime(Precision(device, resolve_compute_dtype(cfg.dtype, device)), dp)
 
 
 # ----------------------------------------------------------------------------- models
@@ -137,6 +137,15 @@ def model_ref_errors(cfg: TrainConfig, key: str) -> Iterator[None]:
         yield
     except (OSError, ValueError) as e:
         raise ConfigError(f"{key} in {cfg.config_path}: {e}") from e
+
+
+def load_chat_tokenizer(cfg: TrainConfig) -> tuple[Any, int]:
+    """The actor's tokenizer with the config's chat template, and the stop word's token id."""
+    with model_ref_errors(cfg, "actor"):
+        tokenizer = load_tokenizer(cfg.actor)
+    if cfg.chat_template is not None:
+        tokenizer.chat_template = cfg.chat_template
+    return tokenizer, validate_stop_word(cfg, tokenizer)
 
 
 def prepare_model(model: torch.nn.Module, trunk: Decoder, runtime: Runtime, *,

@@ -3,11 +3,11 @@
 
 ``Trainer`` assembles finished parts and calls them: the runtime (device, data-parallel world,
 compute dtype, the models held that way: ``runtime``), run state on disk (``checkpoint_manager``),
-the optimisers (``optimizers``), the rollout engine
+the prompts (``data.source``), the optimisers (``optimizers``), the rollout engine
 (``rollout.build_rollout``), the judger (``judge``) and the held-out evaluator (``evaluate``).
 ``Trainer.step`` reads like the reference's step list, one call per numbered part; the math lives
-in ``oreal_fast.algo``, the micro-batch work in ``rl_step``. This module builds no engine, decides
-no dtype and writes no file itself.
+in ``oreal_fast.algo``, the micro-batch work in ``rl_step``, the step's record, clock and metrics in
+``step_record``. This module builds no engine, decides no dtype and writes no file itself.
 
 Where we differ from the official trainer (details and reasons in docs/differences.md):
  1. Log-probs, KL, token weights and losses are computed in fp32, not rounded to bf16 (8.5-8.6).
@@ -25,9 +25,9 @@ Where we differ from the official trainer (details and reasons in docs/differenc
     their own per-replica values (Q17). Resume states are written by a single process only.
 10. A loss or gradient norm that is not finite stops the run before the optimizer step applies it.
 Data parallel (``torchrun``, ``oreal_fast.parallel``) follows reference 3.4 and 6: each rank generates
-and judges its strided share of the step's prompts; the samples and rewards are all-gathered, so
-every rank computes the same advantages and filter over the global list; each rank trains its
-contiguous share of the kept list (Q3: none twice) with the global normalisers; rank 0 writes.
+and judges its strided share of the step's prompts; the step's samples and rewards are all-gathered
+once, so every rank computes the same advantages and filter over the global list; each rank trains
+its contiguous share of the kept list (Q3: none twice) with the global normalisers; rank 0 writes.
 """
 
 from __future__ import annotations
@@ -35,33 +35,28 @@ from __future__ import annotations
 import logging
 import os
 import random
-import resource
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from oreal_fast.algo import ActorMetricSums, actor_metrics, compute_advantages, select_trajectories
+from oreal_fast.algo import compute_advantages, select_trajectories
 from oreal_fast.checkpoint_manager import CheckpointManager, TrainState
-from oreal_fast.config import TrainConfig, compatibility_notes, validate_stop_word
-from oreal_fast.data.chat import render_prompt_ids
-from oreal_fast.data.prompts import DataError, PromptRecord, balance_by_difficulty, load_prompt_records
-from oreal_fast.data.sampler import PromptSampler, repeat_k
+from oreal_fast.config import TrainConfig, compatibility_notes
+from oreal_fast.data.source import PromptSource
 from oreal_fast.evaluate import Evaluator, validation_due
 from oreal_fast.interrupt import StopRun, StopSignals
-from oreal_fast.judge import JudgeItem, Router
-from oreal_fast.metrics import MetricsWriter, SilentMetrics, dump_trajectories
-from oreal_fast.model.hf_io import load_tokenizer
+from oreal_fast.judge import Router
+from oreal_fast.metrics import MetricsWriter, SilentMetrics, dump_trajectories, trajectory_rows
 from oreal_fast.optimizers import build_optimizers
-from oreal_fast.parallel import DataParallel, close_data_parallel, full_weights, gather_lists, init_data_parallel
+from oreal_fast.parallel import DataParallel, close_data_parallel, full_weights, init_data_parallel
 from oreal_fast.rl_step import MicroStepSums, RLSettings, rl_phase
 from oreal_fast.rollout import RolloutEngine, build_rollout, sampling_params
 from oreal_fast.run_dir import CheckpointWriteError
-from oreal_fast.runtime import build_runtime, load_rl_models, model_ref_errors
+from oreal_fast.runtime import build_runtime, load_chat_tokenizer, load_rl_models
+from oreal_fast.step_record import StepClock, StepSamples, loss_metrics, step_metrics
 from oreal_fast.trajectories import Trajectory
 
 log = logging.getLogger("oreal_fast")
@@ -72,16 +67,6 @@ def set_random_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-@dataclass
-class StepBatch:
-    """What one step generated: k copies of each prompt, their responses and decoded texts."""
-
-    records: list[PromptRecord]
-    prompt_ids: list[list[int]]
-    response_ids: list[list[int]]
-    response_texts: list[str]
 
 
 class Trainer:
@@ -103,17 +88,13 @@ class Trainer:
         self.device = self.runtime.device
         self.checkpoints = CheckpointManager.open(cfg, dp)  # a resume is chosen and verified first
         set_random_seed(cfg.seed)
-        with model_ref_errors(cfg, "actor"):
-            self.tokenizer = load_tokenizer(cfg.actor)
-        if cfg.chat_template is not None:
-            self.tokenizer.chat_template = cfg.chat_template
-        stop_token_id = validate_stop_word(cfg, self.tokenizer)
+        self.tokenizer, stop_token_id = load_chat_tokenizer(cfg)
         self.sampling_params = sampling_params(cfg, stop_token_id)
-        self._load_data()
+        self.prompts = PromptSource(cfg, self.tokenizer)
         # held-out problems load (and fail) before any model does
         self.evaluator = (Evaluator.from_config(cfg, tokenizer=self.tokenizer, stop_token_id=stop_token_id,
                                                 device=self.device) if cfg.val_datasets is not None else None)
-        self.total_steps = min(cfg.total_steps, self.sampler.num_steps)  # official cap (3.4)
+        self.total_steps = min(cfg.total_steps, self.prompts.sampler.num_steps)  # official cap (3.4)
         self.models = load_rl_models(cfg, self.runtime)
         self.optimizers = build_optimizers(cfg, self.models, self.total_steps, self.device)
         self.rl_settings = RLSettings.from_config(cfg, self.runtime.precision)
@@ -123,7 +104,7 @@ class Trainer:
         # ranks sample different prompts; their own streams keep their samples independent
         self.sampling_generator = torch.Generator(device=self.device).manual_seed(cfg.seed + dp.rank)
         self.start_step = self.checkpoints.attach(
-            TrainState(self.models, self.optimizers, self.sampler, self.sampling_generator),
+            TrainState(self.models, self.optimizers, self.prompts.sampler, self.sampling_generator),
             self.tokenizer, self.total_steps)
         # built after the restore: an engine copies the (restored) actor and sizes its pool from the memory left
         self.rollout = rollout or build_rollout(
@@ -148,118 +129,50 @@ class Trainer:
             log.info(note)
             self.metrics.log_text(note)
 
-    def _load_data(self) -> None:
-        """Prompt records -> difficulty balancing -> seeded sampler (3.1-3.4)."""
-        records = load_prompt_records(self.cfg.datasets, max_prompts=self.cfg.max_prompts)
-        self.records = balance_by_difficulty(records, self.cfg.data_difficulty_balance_cfg)
-        if not self.records:
-            raise DataError(
-                f"datasets {self.cfg.datasets!r}: no prompt to train on ({len(records)} records read, "
-                f"none left after difficulty balancing with {self.cfg.data_difficulty_balance_cfg})"
-            )
-        prompts_per_step = self.cfg.gen_global_batch // self.cfg.prompt_repeat_k
-        self.sampler = PromptSampler(len(self.records), prompts_per_step, self.cfg.seed)
-        self._prompt_ids: dict[int, list[int]] = {}
-
     # ----------------------------------------------------------------------------------------
     # the step (reference 4.1 - 4.14)
 
     def step(self, step: int) -> dict:
         """One RL step; returns its metrics (official keys first)."""
-        cfg = self.cfg
-        t_start = time.perf_counter()
-        peaks = PhasePeaks(self.device)
+        cfg, clock = self.cfg, StepClock(self.device)
         actor_lr, rm_lr = self.optimizers.step_schedulers(step)                         # 4.1, 4.13
         update_actor = step >= cfg.actor_freeze_steps                                   # 4.1, 4.14
         self._phase("generate")
-        batch, gen_time = self.generate(step)                                           # 3.4, 3.5, 4.2
-        peaks.end_phase("gen")
+        samples = self.generate(step, clock)                                            # 3.4, 3.5, 4.2
         self._phase("judge")
-        with ThreadPoolExecutor(max_workers=1) as pool:                                 # 4.3 runs while
-            judging = pool.submit(_timed, self.judge, batch)                            # 4.6 repacks
-            t_infer = time.perf_counter()
-            trajectories = self.build_trajectories(batch)                               # 4.6
-            infer_time = time.perf_counter() - t_infer
-            (rewards, judge_counters), judge_time = judging.result()
-        batch, trajectories, rewards, judge_counters = self.gather_step(  # 4.5: every rank holds
-            batch, trajectories, rewards, judge_counters)                 # the global list
-        advantages = compute_advantages(torch.tensor(rewards), cfg.prompt_repeat_k, cfg.reward_shaping_type)  # 4.4
-        for t, r, a in zip(trajectories, rewards, advantages.tolist()):
-            t.reward, t.advantage = r, a
-        selection = select_trajectories(rewards, cfg.prompt_repeat_k, random, cfg.filter_trajectory)  # 4.5
-        kept = [trajectories[i] for i in selection.indices]
+        with clock.phase("judge"):
+            samples = self.judge(samples)                                               # 4.3
+        samples = samples.gathered(self.dp)                                             # 4.5: the global list
+        advantages = compute_advantages(torch.tensor(samples.rewards), cfg.prompt_repeat_k,
+                                        cfg.reward_shaping_type)                        # 4.4
+        with clock.phase("infer"):
+            trajectories = samples.trajectories(advantages.tolist())                    # 4.6
+        selection = select_trajectories(samples.rewards, cfg.prompt_repeat_k, random, cfg.filter_trajectory)
+        kept = [trajectories[i] for i in selection.indices]                             # 4.5
         if self.dp.is_main:
-            dump_trajectories(self.run_dir, step, self._dump_records(kept), debug=cfg.debug)
+            dump_trajectories(self.run_dir, step, trajectory_rows(kept, self.tokenizer.decode), debug=cfg.debug)
         self._phase("rl")
-        t_rl = time.perf_counter()
-        sums = self.rl_phase(kept, update_actor)                                        # 4.7 - 4.11
-        actor_grad_norm, rm_grad_norm = self.optimizers.step(                           # 4.12
-            self.models, sums, update_actor=update_actor and bool(kept), max_norm=cfg.max_grad_norm)
-        rl_time = time.perf_counter() - t_rl
-        peaks.end_phase("rl")
+        with clock.phase("rl", memory=True):
+            sums = self.rl_phase(kept, update_actor)                                    # 4.7 - 4.11
+            norms = self.optimizers.step(self.models, sums, update_actor=update_actor and bool(kept),
+                                         max_norm=cfg.max_grad_norm)                    # 4.12
         if update_actor and kept:  # the rollout's weights follow the actor
             self.rollout.sync_weights(full_weights(self.models.actor))
-        return self._step_metrics(
-            step, batch, rewards, kept, sums, judge_counters, peaks,
-            actor_lr=actor_lr if update_actor else 0.0, rm_lr=rm_lr,
-            actor_grad_norm=actor_grad_norm, rm_grad_norm=rm_grad_norm,
-            gen_time=gen_time, judge_time=judge_time, infer_time=infer_time, rl_time=rl_time,
-            total_time=time.perf_counter() - t_start,
-        )
+        lrs = (actor_lr if update_actor else 0.0, rm_lr)
+        return self._step_metrics(step, samples, kept, sums, clock, lrs, norms)
 
-    def generate(self, step: int) -> tuple[StepBatch, float]:
+    def generate(self, step: int, clock: StepClock) -> StepSamples:
         """This rank's share of the step's prompts, each repeated k times, sampled by the actor (3.4, 3.5, 4.2)."""
-        cfg = self.cfg
-        prompts = self.dp.strided(self.sampler.batch(step))
-        records = repeat_k([self.records[i] for i in prompts], cfg.prompt_repeat_k)
-        prompt_ids = [self._prompt_token_ids(r) for r in records]
-        t0 = time.perf_counter()
-        responses = self.rollout.generate(prompt_ids, self.sampling_params, self.sampling_generator)
-        gen_time = time.perf_counter() - t0
+        records, prompt_ids = self.prompts.step_prompts(step, self.dp)
+        with clock.phase("gen", memory=True):
+            responses = self.rollout.generate(prompt_ids, self.sampling_params, self.sampling_generator)
         texts = self.tokenizer.batch_decode(responses, skip_special_tokens=False)
-        return StepBatch(records, prompt_ids, responses, texts), gen_time
+        return StepSamples(records, prompt_ids, responses, texts)
 
-    def _prompt_token_ids(self, record: PromptRecord) -> list[int]:
-        key = id(record)
-        if key not in self._prompt_ids:
-            ids = render_prompt_ids(self.tokenizer, self.cfg.chat_template, record.message_data)
-            if len(ids) >= self.cfg.gen_max_length:
-                raise DataError(
-                    f"a prompt has {len(ids)} tokens, not less than gen_max_length={self.cfg.gen_max_length}; "
-                    f"raise gen_max_length or drop the prompt: {record.question[:80]!r}")
-            self._prompt_ids[key] = ids
-        return self._prompt_ids[key]
-
-    def judge(self, batch: StepBatch) -> tuple[list[float], dict[str, int]]:
-        """Rewards in {+1, -1}, in sample order, and the judger's counters (4.3)."""
-        items = [
-            JudgeItem(question=r.question, response_text=text, gold_answer=r.gold_answer,
-                      data_source=r.metadata["data_source"])
-            for r, text in zip(batch.records, batch.response_texts)
-        ]
-        outcome = self.router.judge(items)
-        return [float(r) for r in outcome.rewards], dict(outcome.counters)
-
-    def build_trajectories(self, batch: StepBatch) -> list[Trajectory]:
-        """The "infer" stage: prompt + response ids of every sample, labels pre-shifted (4.6)."""
-        # rewards and advantages are filled in once the judger has answered (4.4)
-        return [Trajectory(prompt_ids=p, response_ids=r, reward=0.0, advantage=0.0)
-                for p, r in zip(batch.prompt_ids, batch.response_ids)]
-
-    def gather_step(self, batch: StepBatch, trajectories: list[Trajectory], rewards: list[float],
-                    counters: dict[str, int]) -> tuple[StepBatch, list[Trajectory], list[float], dict[str, int]]:
-        """All ranks' samples, trajectories and rewards in rank order (groups stay contiguous) and
-        the judger counters summed (4.5, 6); a single process gets its own back."""
-        if not self.dp.enabled:
-            return batch, trajectories, rewards, counters
-        rows = gather_lists(self.dp, list(zip(batch.records, batch.prompt_ids, batch.response_ids,
-                                              batch.response_texts, trajectories, rewards)))
-        records, prompt_ids, response_ids, texts, trajectories, rewards = (list(c) for c in zip(*rows))
-        summed: dict[str, int] = {}
-        for part in gather_lists(self.dp, [counters]):
-            for key, value in part.items():
-                summed[key] = summed.get(key, 0) + value
-        return StepBatch(records, prompt_ids, response_ids, texts), trajectories, rewards, summed
+    def judge(self, samples: StepSamples) -> StepSamples:
+        """The samples with their rewards in {+1, -1}, in sample order, and the judger's counters (4.3)."""
+        outcome = self.router.judge(samples.judge_items())
+        return samples.judged([float(r) for r in outcome.rewards], outcome.counters)
 
     def rl_phase(self, kept: list[Trajectory], update_actor: bool) -> MicroStepSums | None:
         """Global normalisers, then every micro-batch in kept order with gradient accumulation (4.7-4.11).
@@ -275,67 +188,12 @@ class Trainer:
         return rl_phase(self.models, kept, self.rl_settings, micro_batch_size=self.cfg.rl_mirco_batch,
                         token_budget=self.cfg.rl_micro_batch_tokens, update_actor=update_actor, dp=self.dp)
 
-    # ----------------------------------------------------------------------------------------
-    # outputs
-
-    def _dump_records(self, kept: list[Trajectory]) -> list[dict]:
-        decode = self.tokenizer.decode
-        return [
-            {"sequence": decode(t.input_ids, skip_special_tokens=False), "num_tokens": t.num_tokens,
-             "judger_reward": t.reward, "judger_advantage": t.advantage,
-             "input_ids": t.input_ids, "labels": t.labels}
-            for t in kept
-        ]
-
-    def _step_metrics(self, step, batch, rewards, kept, sums, judge_counters, peaks, *, actor_lr, rm_lr,
-                      actor_grad_norm, rm_grad_norm, gen_time, judge_time, infer_time, rl_time,
-                      total_time) -> dict:
-        """The official keys of 5.1, every one global (reduced over ranks; memory and times are
-        this rank's), then ours."""
-        zero = torch.zeros(())
-        if sums is None:
-            sums = MicroStepSums(*([zero] * 8))
-        averages = actor_metrics(ActorMetricSums(sums.adv_sum, sums.neg_logprob_sum, sums.ref_kl_sum,
-                                                 sums.num_action_tokens))
-        values = {k: float(v) for k, v in sums._asdict().items()}  # the step's one host sync
-        averages = {k: float(v) for k, v in averages.items()}
-        num_gen_tokens = sum(len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids))
-        num_rl_tokens = sum(t.num_tokens for t in kept)
-        per_gpu = 1 / self.dp.world_size  # the *_tgs keys are per GPU, as the official per-rank ones
-        steps_left = self.total_steps - step - 1
-        metrics = {
-            "step": step + 1,
-            "actor_lr": actor_lr,
-            "actor_grad_norm": actor_grad_norm,
-            "token_level_rm_lr": rm_lr,
-            "token_rm_grad_norm": rm_grad_norm,
-            "avg_judger_reward": sum(rewards) / len(rewards),
-            "avg_adv": averages["avg_adv"],
-            "avg_gen_entropy": averages["avg_gen_entropy"],
-            "avg_ref_kl": averages["avg_ref_kl"],
-            "positive_loss": values["positive_loss"],
-            "negative_loss": values["negative_loss"],
-            "kl_penalty_loss": values["kl_penalty_loss"],
-            "rl_loss": values["positive_loss"] + values["negative_loss"] + values["kl_penalty_loss"],
-            "token_level_rm_loss": values["token_level_rm_loss"],
-            "max_memory": peaks.step_peak(),
-            "avg_new_tokens": sum(len(r) for r in batch.response_ids) / len(batch.response_ids),
-            "num_rl_tokens": num_rl_tokens,
-            "infer_tgs": int(per_gpu * num_gen_tokens / max(infer_time, 1e-9)),
-            "rl_tgs": int(per_gpu * num_rl_tokens / max(rl_time, 1e-9)),
-            "gen_time": gen_time,
-            "infer_time": infer_time,
-            "rl_time": rl_time,
-            "total_time": total_time,
-            "eta": int(total_time * steps_left),
-            # ours, after the official keys
-            "num_kept": len(kept),
-            "gen_tgs": int(per_gpu * sum(len(r) for r in batch.response_ids) / max(gen_time, 1e-9)),
-            "judge_time": judge_time,
-            **{f"max_memory_{name}": gib for name, gib in peaks.phases.items()},
-            **{f"judger_{k}": v for k, v in judge_counters.items()},
-            **{f"rollout_{k}": v for k, v in self.rollout.stats().items()},
-        }
+    def _step_metrics(self, step: int, samples: StepSamples, kept: list[Trajectory], sums: MicroStepSums | None,
+                      clock: StepClock, lrs: tuple[float, float], norms: tuple[float, float]) -> dict:
+        """The official keys of 5.1 (``step_record.step_metrics``), then ours and the rollout's numbers."""
+        metrics = step_metrics(step, self.total_steps, samples, kept, loss_metrics(sums), clock, lrs=lrs,
+                               grad_norms=norms, world_size=self.dp.world_size)
+        metrics.update({f"rollout_{k}": v for k, v in self.rollout.stats().items()})
         return metrics
 
     def _phase(self, name: str) -> None:
@@ -413,33 +271,6 @@ class Trainer:
         self.metrics.close()
         self.router.close()
         self.checkpoints.close()
-
-
-class PhasePeaks:
-    """Peak memory of each phase of a step (GiB): allocated GPU memory, reset between phases; on CPU
-    the process's peak resident size so far (which only grows)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.phases: dict[str, float] = {}
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-
-    def end_phase(self, name: str) -> None:
-        if self.device.type == "cuda":
-            self.phases[name] = torch.cuda.max_memory_allocated(self.device) / 2**30
-            torch.cuda.reset_peak_memory_stats(self.device)
-        else:
-            self.phases[name] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-
-    def step_peak(self) -> float:
-        return max(self.phases.values())
-
-
-def _timed(fn, *args):
-    """(fn(*args), seconds it took)."""
-    t0 = time.perf_counter()
-    return fn(*args), time.perf_counter() - t0
 
 
 def train(cfg: TrainConfig, stop: StopSignals | None = None) -> str:

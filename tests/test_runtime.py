@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 
 from oreal_fast.config import TrainConfig
 from oreal_fast.model.decoder import Decoder, DecoderConfig
-from oreal_fast.parallel import DataParallel, close_data_parallel, init_data_parallel
+from oreal_fast.parallel import close_data_parallel, init_data_parallel
 from oreal_fast.runtime import (
     Precision,
     Runtime,
@@ -108,7 +108,7 @@ def _worker(rank: int, port: int, out_path: str) -> None:
     try:
         fp32 = build_runtime(TrainConfig(actor="tiny/model", datasets="none", dtype="fp32", device="cpu"), dp)
         # bf16 on CPU is no config's choice (it needs a GPU); built by hand, it shows the policy follows it
-        bf16 = Runtime(Precision(torch.device("cpu"), torch.bfloat16), "eager", dp)
+        bf16 = Runtime(Precision(torch.device("cpu"), torch.bfloat16), dp)
         results = {"fp32": _forward(fp32), "bf16": _forward(bf16), "world_size": dp.world_size}
         if dp.is_main:
             torch.save(results, out_path)
@@ -127,7 +127,7 @@ def test_fp32_under_data_parallelism_computes_in_fp32(tmp_path):
     mp.spawn(_worker, args=(_free_port(), out_path), nprocs=2, join=True)
     results = torch.load(out_path)
     assert results["world_size"] == 2
-    single = Runtime(Precision(torch.device("cpu"), torch.float32), "eager")
+    single = Runtime(Precision(torch.device("cpu"), torch.float32))
     expected, seen = _forward(single)
     assert seen == {torch.float32}
     hidden, seen = results["fp32"]
