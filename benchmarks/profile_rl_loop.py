@@ -22,8 +22,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from rl_shapes import DEVICE, rl_models
-from test_bench_rl_loop import short_case
+from rl_shapes import DEVICE, rl_models, short_case
 
 from oreal_fast.config import TrainConfig
 from oreal_fast.model.attention import make_backend
@@ -60,7 +59,8 @@ def profile_variant(name: str, budget: int, backend: str) -> dict:
     models = rl_models()
     _use_backend(models, backend)
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-7, fused=True) for m in (models.actor, models.token_rm)]
-    settings = RLSettings.from_config(TrainConfig(actor="random", datasets="none", threshold_rescale=True), Precision(torch.device(DEVICE), torch.bfloat16))
+    cfg = TrainConfig(actor="random", datasets="none", threshold_rescale=True)
+    settings = RLSettings.from_config(cfg, Precision(torch.device(DEVICE), torch.bfloat16))
 
     def phase():
         rl_phase(models, kept, settings, micro_batch_size=2, token_budget=budget, update_actor=True)

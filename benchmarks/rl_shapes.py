@@ -58,3 +58,21 @@ def rl_phase_flops(kept: list[Trajectory], groups: list[range]) -> float:
         total += 10 * sum(kept[i].num_actions for i in g) * c.vocab_size * c.hidden_size
     return total
 
+
+def short_case() -> list[Trajectory]:
+    """64 kept sequences, 32 prompts x 2 samples, 470-token prompts + 150..220-token responses."""
+    gen = torch.Generator().manual_seed(1)
+    responses = torch.randint(150, 221, (64,), generator=gen).tolist()
+    kept = trajectories([470] * 64, responses, seed=1)
+    for i in range(1, 64, 2):
+        kept[i].prompt_ids = kept[i - 1].prompt_ids  # two samples of each prompt
+    return kept
+
+
+def mixed_case() -> list[Trajectory]:
+    """64 sequences with a long-tailed length mix 200 .. 16384 (most short, a few near the cap)."""
+    gen = torch.Generator().manual_seed(2)
+    u = torch.rand(64, generator=gen).tolist()
+    totals = [int(200 * (16384 / 200) ** (x**3)) for x in u]  # long tail: median ~ 300, max ~ 16k
+    prompts = [min(470, t // 2) for t in totals]
+    return trajectories(prompts, [t - p for t, p in zip(totals, prompts)], seed=2)

@@ -23,7 +23,7 @@ import math
 import pytest
 import torch
 
-from rl_shapes import DEVICE, PEAK_FLOPS, rl_models, rl_phase_flops, trajectories
+from rl_shapes import DEVICE, PEAK_FLOPS, mixed_case, rl_models, rl_phase_flops, short_case
 
 from oreal_fast.config import TrainConfig
 from oreal_fast.optimizers import clip_gradients
@@ -33,23 +33,6 @@ from oreal_fast.trajectories import plan_micro_batches
 
 CAP_GIB = 40.0
 BUDGETS = {"oreal_fast": 32768, "official_split": 0}
-
-
-def short_case():
-    gen = torch.Generator().manual_seed(1)
-    responses = torch.randint(150, 221, (64,), generator=gen).tolist()
-    kept = trajectories([470] * 64, responses, seed=1)
-    for i in range(1, 64, 2):
-        kept[i].prompt_ids = kept[i - 1].prompt_ids  # two samples of each prompt
-    return kept
-
-
-def mixed_case():
-    gen = torch.Generator().manual_seed(2)
-    u = torch.rand(64, generator=gen).tolist()
-    totals = [int(200 * (16384 / 200) ** (x**3)) for x in u]  # long tail: median ~ 300, max ~ 16k
-    prompts = [min(470, t // 2) for t in totals]
-    return trajectories(prompts, [t - p for t, p in zip(totals, prompts)], seed=2)
 
 
 CASES = {"short": short_case, "mixed": mixed_case}
@@ -67,7 +50,8 @@ def test_rl_loop(benchmark, provider, case):
         models = rl_models()
         actor_opt = torch.optim.AdamW(models.actor.parameters(), lr=1e-7, weight_decay=0.01, fused=True)
         rm_opt = torch.optim.AdamW(models.token_rm.parameters(), lr=1e-7, weight_decay=0.01, fused=True)
-        settings = RLSettings.from_config(TrainConfig(actor="random", datasets="none", threshold_rescale=True), Precision(torch.device(DEVICE), torch.bfloat16))
+        cfg = TrainConfig(actor="random", datasets="none", threshold_rescale=True)
+        settings = RLSettings.from_config(cfg, Precision(torch.device(DEVICE), torch.bfloat16))
         budget = BUDGETS[provider]
 
         def phase():

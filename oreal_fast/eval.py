@@ -1,7 +1,7 @@
 """Command line: ``python -m oreal_fast.eval MODEL [--datasets D] [--config CONFIG] [--k N] [--out FILE]``.
 
 Evaluates one policy on held-out problems exactly as the trainer's validation does
-(``oreal_fast.evaluate``): greedy pass@1 and, with ``--k N``, sampled pass@1 and pass@N from N
+(``oreal_fast.evaluator``): greedy pass@1 and, with ``--k N``, sampled pass@1 and pass@N from N
 samples per problem, judged by the config's judger. MODEL is any reference ``load_decoder`` reads:
 a local HF folder (a run's ``hf-N`` included), a hub id, a ``.gguf`` file or ``package://``.
 Settings (chat template, stop word, sampling, judgers, seed, device, dtype) come from CONFIG, whose
@@ -52,7 +52,7 @@ def settings(model: str, datasets: str | list[str] | None, config: str | None, k
 
 def evaluate_model(cfg: TrainConfig) -> dict:
     """Loads ``cfg.actor``, evaluates it on ``cfg.val_datasets``; returns the JSON report."""
-    from oreal_fast.evaluate import Evaluator
+    from oreal_fast.evaluator import Evaluator
     from oreal_fast.judge import Router
     from oreal_fast.rollout import build_rollout
     from oreal_fast.runtime import build_runtime, load_chat_tokenizer, load_frozen

@@ -76,7 +76,8 @@ def close_data_parallel() -> None:
         dist.destroy_process_group()
 
 
-def parallelize(model: torch.nn.Module, blocks: torch.nn.ModuleList, mp_policy: MixedPrecisionPolicy) -> torch.nn.Module:
+def parallelize(model: torch.nn.Module, blocks: torch.nn.ModuleList,
+                mp_policy: MixedPrecisionPolicy) -> torch.nn.Module:
     """FSDP2 over the whole world: ``fully_shard`` on each of ``blocks``, then on ``model`` (its
     embedding, final norm and head gather as one unit with the root).
 
@@ -140,11 +141,6 @@ def load_weights(dst: torch.nn.Module, weights: Iterable[tuple[str, torch.Tensor
     if len(seen) != len(own):
         raise KeyError(f"load_weights: {len(own) - len(seen)} weight(s) of {type(dst).__name__} not given, "
                        f"e.g. {sorted(set(own) - seen)[0]!r}")
-
-
-def copy_full_weights(dst: torch.nn.Module, src: torch.nn.Module) -> None:
-    """``src``'s weights into ``dst``'s tensors in place (``load_weights`` of ``full_weights``)."""
-    load_weights(dst, full_weights(src))
 
 
 def gather_lists(dp: DataParallel, items: list[T]) -> list[T]:

@@ -4,7 +4,7 @@
 ``Trainer`` assembles finished parts and calls them: the runtime (device, data-parallel world,
 compute dtype, the models held that way: ``runtime``), run state on disk (``checkpoint_manager``),
 the prompts (``data.source``), the optimisers (``optimizers``), the rollout engine
-(``rollout.build_rollout``), the judger (``judge``) and the held-out evaluator (``evaluate``).
+(``rollout.build_rollout``), the judger (``judge``) and the held-out evaluator (``evaluator``).
 ``Trainer.step`` reads like the reference's step list, one call per numbered part; the math lives
 in ``oreal_fast.algo``, the micro-batch work in ``rl_step``, the step's record, clock and metrics in
 ``step_record``. This module builds no engine, decides no dtype and writes no file itself.
@@ -19,7 +19,7 @@ Where we differ from the official trainer (details and reasons in docs/differenc
     them; ``--resume`` continues a run, SIGINT / SIGTERM stop it at a safe point (``interrupt``).
  6. The judger has timeouts everywhere; a verifier failure is still reward -1, but counted.
  7. The reference forward and the token RM run before the actor in each micro-batch (10.3 allows it).
- 8. Optional held-out validation (``val_*`` keys, ``oreal_fast.evaluate``) on its own generator; the
+ 8. Optional held-out validation (``val_*`` keys, ``oreal_fast.evaluator``) on its own generator; the
     official trainer evaluates checkpoints separately. It leaves the training stream as it was.
  9. Metrics are reduced over ranks (global), written once by rank 0; the official ranks each write
     their own per-replica values (Q17). Resume states are written by a single process only.
@@ -46,7 +46,7 @@ from oreal_fast.algo import compute_advantages, select_trajectories
 from oreal_fast.checkpoint_manager import CheckpointManager, TrainState
 from oreal_fast.config import TrainConfig, compatibility_notes
 from oreal_fast.data.source import PromptSource
-from oreal_fast.evaluate import Evaluator, validation_due
+from oreal_fast.evaluator import Evaluator, validation_due
 from oreal_fast.interrupt import StopRun, StopSignals
 from oreal_fast.judge import Router
 from oreal_fast.metrics import MetricsWriter, SilentMetrics, dump_trajectories, trajectory_rows

@@ -25,7 +25,7 @@ from oreal_fast.algo.loss import (
     token_coefficients,
 )
 from oreal_fast.algo.lr_schedule import OfficialLRScheduler, lr_at_step
-from oreal_fast.algo.normalisers import Normalisers, at_least_fp32, global_normalisers, per_token, segment_ids
+from oreal_fast.algo.normalisers import Normalisers, at_least_fp32, global_normalisers, segment_ids
 from oreal_fast.algo.token_rm import (
     cumulative_means,
     rm_bce_loss,
@@ -59,7 +59,6 @@ __all__ = [
     "lr_at_step",
     "oreal_actor_loss",
     "oreal_logprob_grad",
-    "per_token",
     "rloo_advantages",
     "rm_bce_loss",
     "rm_token_weights",

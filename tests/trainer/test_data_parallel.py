@@ -21,9 +21,10 @@ from oreal_fast.metrics import reproducible_metrics
 from oreal_fast.parallel import (
     DataParallel,
     close_data_parallel,
-    copy_full_weights,
     full_tensor,
+    full_weights,
     init_data_parallel,
+    load_weights,
     parallelize,
 )
 from oreal_fast.optimizers import clip_gradients
@@ -32,8 +33,7 @@ from oreal_fast.runtime import Precision, RLModels
 from oreal_fast.trainer import Trainer
 from oreal_fast.trajectories import Trajectory, plan_micro_batches
 
-from conftest import KeywordRouter, make_tokenizer
-from test_step import K, TEXTS, write_config
+from trainer_helpers import K, TEXTS, KeywordRouter, make_tokenizer, write_config
 
 # fp32 on both sides; only the order of the sums differs (ranks' partial sums, shard-wise norms)
 RTOL = 2e-5
@@ -87,7 +87,7 @@ def _one_step(cfg_path: str, actor_dir: str, ref_dir: str, num_kept: int, budget
                       for n, p in model.named_parameters()}
     # the rollout's whole copy of the actor (plain sampler, paged engine) after the step
     copy = Decoder(models.actor.config, attn_backend="auto", device=dev, dtype=torch.float32)
-    copy_full_weights(copy, models.actor)
+    load_weights(copy, full_weights(models.actor))
     out["rollout_copy"] = {f"actor.{n}": t.clone() for n, t in copy.state_dict().items()}
     return out
 

@@ -27,7 +27,7 @@ from oreal_fast.run_dir import RunFolder
 from oreal_fast.train import main
 
 from cli_driver import EvenLengthRouter
-from test_step import write_config
+from trainer_helpers import write_config
 
 SMALL = dict(total_steps=2, checkpoint_interval=1, actor_freeze_steps=1, gen_max_new=6, gen_max_length=80,
              debug=False)

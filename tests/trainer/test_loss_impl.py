@@ -16,7 +16,7 @@ from oreal_fast.rl_step import RLSettings, rl_micro_step
 from oreal_fast.runtime import Precision, RLModels
 from oreal_fast.trajectories import Trajectory, make_micro_batch
 
-from test_step import write_config
+from trainer_helpers import write_config
 
 INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
 CASES = [

@@ -12,7 +12,7 @@ from oreal_fast.rl_step import RLSettings, rl_phase
 from oreal_fast.runtime import Precision, RLModels
 from oreal_fast.trajectories import Trajectory, plan_micro_batches
 
-from test_step import write_config
+from trainer_helpers import write_config
 
 
 @pytest.mark.parametrize("lengths, budget, expected", [

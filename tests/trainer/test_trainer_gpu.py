@@ -21,8 +21,7 @@ from oreal_fast.config import load_config
 from oreal_fast.metrics import reproducible_metrics
 from oreal_fast.trainer import Trainer
 
-from conftest import save_random_qwen2
-from test_step import write_config
+from trainer_helpers import save_random_qwen2, write_config
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="the trainer loop on a GPU needs CUDA")
 
