@@ -122,8 +122,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_fp32_under_data_parallelism_computes_in_fp32(tmp_path):
+def test_fp32_under_data_parallelism_computes_in_fp32(tmp_path, monkeypatch):
     out_path = str(tmp_path / "rank0.pt")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # CPU ranks (gloo) on a GPU machine too
     mp.spawn(_worker, args=(_free_port(), out_path), nprocs=2, join=True)
     results = torch.load(out_path)
     assert results["world_size"] == 2
