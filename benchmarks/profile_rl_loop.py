@@ -1,13 +1,15 @@
 """Where one RL phase's time goes as the loop runs it (the `short` case of test_bench_rl_loop.py).
 
-  python benchmarks/profile_rl_loop.py --out rl_loop_profile.json
+  python benchmarks/profile_rl_loop.py --out rl_loop_profile.json [--variants oreal_fast ...]
 
-Profiles three variants with torch.profiler, each after one warm-up phase:
+Profiles these variants with torch.profiler, each after one warm-up phase (models as the trainer
+builds them on CUDA: fused trunk ops, the recompute plan for 32768-token micro-batches under 40 GiB):
+  oreal_fast    varlen attention, micro-batches packed to the 32768-token budget
+  trunk_eager   the same with the eager trunk ops (RMSNorm, rope, SwiGLU, residual adds)
+  official_split  attention chosen for the bf16 compute dtype (varlen), 2 sequences per micro-batch
   before        what the loop ran before token budgets: fp32-master models choose attention for
                 the fp32 storage dtype (per-sequence SDPA, one host sync per layer), 2 sequences
                 per micro-batch
-  official_split  attention chosen for the bf16 compute dtype (varlen), 2 sequences per micro-batch
-  oreal_fast    varlen attention, micro-batches packed to the 32768-token budget
 and reports, per variant: wall time, GPU-busy time (union of kernel intervals), the busy fraction,
 kernel count, host syncs (cudaStreamSynchronize / cudaDeviceSynchronize / blocking D2H copies) and
 the top kernels by GPU time.
@@ -25,12 +27,17 @@ from torch.profiler import ProfilerActivity, profile
 from rl_shapes import DEVICE, rl_models, short_case
 
 from oreal_fast.config import TrainConfig
+from oreal_fast.kernels.trunk_train import TRAIN_OPS
 from oreal_fast.model.attention import make_backend
+from oreal_fast.model.decoder import EAGER_OPS, TrunkOps
 from oreal_fast.optimizers import clip_gradients
 from oreal_fast.rl_step import RLSettings, rl_phase
 from oreal_fast.runtime import Precision
 
 SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+# name -> (token budget, attention backend, trunk ops)
+VARIANTS = {"oreal_fast": (32768, "varlen", TRAIN_OPS), "trunk_eager": (32768, "varlen", EAGER_OPS),
+            "official_split": (0, "varlen", TRAIN_OPS), "before": (0, "sdpa", TRAIN_OPS)}
 
 
 def _use_backend(models, name: str) -> None:
@@ -54,9 +61,9 @@ def _busy_ms(events) -> float:
     return busy / 1e3
 
 
-def profile_variant(name: str, budget: int, backend: str) -> dict:
+def profile_variant(name: str, budget: int, backend: str, ops: TrunkOps) -> dict:
     kept = short_case()
-    models = rl_models()
+    models, _ = rl_models(tokens=32768, ops=ops)
     _use_backend(models, backend)
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-7, fused=True) for m in (models.actor, models.token_rm)]
     cfg = TrainConfig(actor="random", datasets="none", threshold_rescale=True)
@@ -95,12 +102,12 @@ def profile_variant(name: str, budget: int, backend: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     args = parser.parse_args()
     results = []
     # ours first: a run cut short by a time limit still has it; the JSON is rewritten after each
-    for name, budget, backend in (("oreal_fast", 32768, "varlen"), ("official_split", 0, "varlen"),
-                                  ("before", 0, "sdpa")):
-        r = profile_variant(name, budget, backend)
+    for name in args.variants:
+        r = profile_variant(name, *VARIANTS[name])
         results.append(r)
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)

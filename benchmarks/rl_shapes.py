@@ -1,21 +1,32 @@
-"""Shared by the RL benchmarks: the Qwen2.5-0.5B shape, random-init models as the trainer holds them,
-trajectory sets, and the FLOP count behind the MFU they report.
+"""Shared by the RL benchmarks: the Qwen2.5-0.5B shape, random-init models as the trainer holds them
+(trunk ops and recompute plan included), trajectory sets (the `short` and `mixed` cases), and the
+FLOP count behind the MFU they report.
 
-FLOPs of one RL phase, counted from every matmul (F = the trunk forward of `Decoder.estimate_flops`,
-attention included; A = action tokens; the LM head costs 2 V H per scored token and pass):
-  reference: F + 2AVH (forward only)
-  token RM:  F + F (recompute) + 2F (backward; its 1-wide head is negligible)
-  actor:     F + F (recompute) + 2F (backward) + 2AVH (logits) + 6AVH (logits recomputed, dH, dW)
-  total:     9F + 10AVH
-MFU = FLOPs / time / 790e12, the bf16 GEMM rate measured on an H200 (8192^3, random data).
+FLOPs of one RL phase, summed over its micro-batches. Per micro-batch, F = F_mm + F_at is the trunk
+forward (`trunk_flops`: 2 x matmul parameters per token, plus causal attention 4 x head_dim x heads
+per (query, key) pair and layer), B = 2 F_mm + 2.5 F_at its backward (flash attention's backward
+runs 5 matmuls to the forward's 2), A the action tokens and 2VH the LM head per token and pass:
+  reference: F + 2AVH                           (forward only)
+  token RM:  F + B                              (its 1-wide head is negligible)
+  actor:     F + B + 2AVH (logits) + 4AVH (dH, dW)
+  model FLOPs    = 3F + 2B + 8AVH: what the algorithm needs, whatever the implementation  -> "mfu"
+  hardware FLOPs = model + 2rF (actor and RM recompute the share r of their blocks)
+                   + 2AVH (linear_logprob recomputes the logits in backward; fused_oreal_loss does not) -> "hfu"
+Per token with N_mm matmul parameters, short sequences (attention small) and full recompute this
+is the design card's count: actor 2N + 2N_trunk + 4N, reference 2N, RM 8N_trunk.
+MFU = model FLOPs / time / 790e12, the bf16 GEMM rate measured on an H200 (8192^3, random data);
+HFU the same with the hardware FLOPs.
 """
 
 from __future__ import annotations
 
 import torch
 
-from oreal_fast.model.decoder import Decoder, DecoderConfig, TokenRewardModel, trunk_flops
-from oreal_fast.recompute import apply_selective_recompute
+from oreal_fast.config import TrainConfig
+from oreal_fast.kernels.trunk_train import TRAIN_OPS
+from oreal_fast.model.decoder import Decoder, DecoderConfig, TokenRewardModel, TrunkOps, trunk_flops
+from oreal_fast.recompute import (activation_budget, apply_recompute, block_activation_bytes, blocks_to_recompute,
+                                  committed_bytes)
 from oreal_fast.runtime import RLModels
 from oreal_fast.trajectories import Trajectory
 
@@ -24,21 +35,48 @@ QWEN25_05B = DecoderConfig(family="qwen2", vocab_size=151936, hidden_size=896, i
                            rope_theta=1000000.0, tie_embeddings=True, qkv_bias=True)
 PEAK_FLOPS = 790e12
 DEVICE = "cuda"
+CAP_GIB = 40.0
 
 
-def decoder(dtype: torch.dtype, *, with_lm_head: bool = True, compute_dtype: torch.dtype = torch.bfloat16) -> Decoder:
-    model = Decoder(QWEN25_05B, with_lm_head=with_lm_head, device=DEVICE, dtype=dtype, compute_dtype=compute_dtype)
+def decoder(dtype: torch.dtype, *, with_lm_head: bool = True, compute_dtype: torch.dtype = torch.bfloat16,
+            ops: TrunkOps = TRAIN_OPS) -> Decoder:
+    model = Decoder(QWEN25_05B, with_lm_head=with_lm_head, device=DEVICE, dtype=dtype, compute_dtype=compute_dtype,
+                    trunk_ops=ops)
     model.init_weights()
     return model
 
 
-def rl_models(recompute: float = 1.0) -> RLModels:
-    """Actor and token RM as fp32 masters computing in bf16, the frozen reference in bf16 (as the trainer)."""
-    actor, reference = decoder(torch.float32), decoder(torch.bfloat16).requires_grad_(False).eval()
-    token_rm = TokenRewardModel(decoder(torch.float32, with_lm_head=False))
-    apply_selective_recompute(actor, recompute)
-    apply_selective_recompute(token_rm.backbone, recompute)
-    return RLModels(actor, reference, token_rm)
+def planned_blocks(trained: list[Decoder], tokens: int, cap_gib: float = CAP_GIB,
+                   loss_kernel: str = "linear_logprob") -> int:
+    """The trainer's recompute plan (`oreal_fast.recompute`) for micro-batches of `tokens` under
+    `cap_gib`, for the RL phase alone (no rollout engine holds memory beside it)."""
+    cfg = TrainConfig(actor="random", datasets="none", rollout_engine="plain", loss_kernel=loss_kernel)
+    budget = activation_budget(int(cap_gib * 2**30),
+                               committed_bytes(cfg, trained, compute_dtype=torch.bfloat16, tokens=tokens))
+    c = QWEN25_05B
+    kept = block_activation_bytes(c, compute_bytes=2, residual_bytes=4,
+                                  fused_trunk=trained[0].ops.add_rms_norm is not None)
+    return blocks_to_recompute(c.num_layers, tokens, kept, 4 * c.hidden_size, budget)
+
+
+def rl_models(recompute: int | None = None, *, ops: TrunkOps = TRAIN_OPS, tokens: int = 32768,
+              loss_kernel: str = "linear_logprob") -> tuple[RLModels, int]:
+    """Actor and token RM as fp32 masters computing in bf16, the frozen reference in bf16 (as the trainer).
+
+    Args:
+        recompute: blocks recomputed in the actor and the RM; None = `planned_blocks` for `tokens`.
+        ops: the trunk ops of all three models.
+
+    Returns:
+        (the models, the blocks recomputed in each trained model).
+    """
+    actor, reference = decoder(torch.float32, ops=ops), decoder(torch.bfloat16, ops=ops).requires_grad_(False).eval()
+    token_rm = TokenRewardModel(decoder(torch.float32, with_lm_head=False, ops=ops))
+    if recompute is None:
+        recompute = planned_blocks([actor, token_rm.backbone], tokens, loss_kernel=loss_kernel)
+    apply_recompute(actor, recompute)
+    apply_recompute(token_rm.backbone, recompute)
+    return RLModels(actor, reference, token_rm), recompute
 
 
 def trajectories(prompt_lens: list[int], response_lens: list[int], seed: int = 0) -> list[Trajectory]:
@@ -49,14 +87,26 @@ def trajectories(prompt_lens: list[int], response_lens: list[int], seed: int = 0
             for i, (p, r) in enumerate(zip(prompt_lens, response_lens))]
 
 
-def rl_phase_flops(kept: list[Trajectory], groups: list[range]) -> float:
-    """9F + 10AVH summed over the micro-batches (each micro-batch's attention is within its sequences)."""
+def rl_phase_flops(kept: list[Trajectory], groups: list[range], *, recompute_share: float,
+                   logits_recompute: bool) -> tuple[float, float]:
+    """(model FLOPs, hardware FLOPs) of the RL phase over the micro-batches ``groups`` (module docstring).
+
+    Args:
+        recompute_share: r, the share of trunk blocks the actor and the RM recompute.
+        logits_recompute: the actor's LM head computes the logits again in backward (linear_logprob).
+    """
     c = QWEN25_05B
-    total = 0.0
+    model = hardware = 0.0
     for g in groups:
-        total += 9 * trunk_flops(c, [kept[i].num_tokens for i in g])
-        total += 10 * sum(kept[i].num_actions for i in g) * c.vocab_size * c.hidden_size
-    return total
+        lens = [kept[i].num_tokens for i in g]
+        F = trunk_flops(c, lens)
+        F_at = 4 * c.head_dim * c.num_heads * c.num_layers * sum(n * (n + 1) // 2 for n in lens)
+        B = 2 * (F - F_at) + 2.5 * F_at
+        head = 2 * sum(kept[i].num_actions for i in g) * c.vocab_size * c.hidden_size  # 2AVH
+        flops = 3 * F + 2 * B + 4 * head
+        model += flops
+        hardware += flops + 2 * recompute_share * F + (head if logits_recompute else 0)
+    return model, hardware
 
 
 def short_case() -> list[Trajectory]:

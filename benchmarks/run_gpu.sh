@@ -7,9 +7,18 @@
 #              BENCH_K a -k expression, BENCH_NAME the output name); bench2, bench3 more suites
 #              (BENCH2, BENCH2_K, BENCH2_TIMEOUT, ...) -> bench2.json, bench3.json
 #   profile    where one RL phase's time goes -> rl_loop_profile.json
-#   decode_profile  where a decode step's GPU time goes -> decode_profile.json
+#   decode_profile  kernels per decode step and per layer, GPU and graph wall time per step, at batch
+#              DECODE_BATCHES (default 1 16 64 256) and context 128 -> decode_profile.json, decode_profile.log;
+#              with DECODE_BASE, a folder holding another commit's oreal_fast/ (`git archive COMMIT oreal_fast |
+#              tar -x -C DIR`), the same profile of that code first -> decode_profile_base.json
+#   decode     the engine's GPU tests -> decode_tests.log; the decode-step benchmark and the B256 rollout case
+#              -> decode.json; with BASELINE_ROOT (a folder holding another version's oreal_fast/, e.g. the
+#              start commit's) the same two benchmarks on that version -> decode_baseline.json; then their table
 #   train      the trainer CLI for 3 steps on a random-init 0.5B-shaped folder -> train_*.jsonl
 #   sweep      the linear_logprob tile sweep -> sweep.json
+#   soak       the trainer CLI on the random-init folder for SOAK_SECONDS (default 330) of steps of 2 x 16
+#              samples of up to SOAK_MAX_NEW (64) tokens, then benchmarks/soak_report.py -> soak.log,
+#              soak.jsonl, soak_table.md, soak.png, soak_summary.json (does any counter grow?)
 #   torchrun   the same trainer CLI under `torchrun --nproc_per_node 1`, 2 steps -> torchrun.log, torchrun.jsonl
 #   resume     the CLI at the official batch (64 prompts x 16, gen_max_new RESUME_CAP, default 1024), 3 steps
 #              with an hf-* folder each step: killed with SIGKILL in step 3, then `--resume auto`, then a
@@ -61,7 +70,28 @@ for part in "$@"; do
       PYTHONPATH=benchmarks:${PYTHONPATH:-} timeout ${PROFILE_TIMEOUT:-240} $PY benchmarks/profile_rl_loop.py \
         --out "$OUT/rl_loop_profile.json" 2>&1 | tee "$OUT/profile.log" ;;
     decode_profile)
-      timeout 120 $PY benchmarks/profile_decode.py --out "$OUT/decode_profile.json" 2>&1 | tee "$OUT/decode_profile.log" ;;
+      if [ -n "${DECODE_BASE:-}" ]; then
+        PYTHONPATH=$DECODE_BASE:${PYTHONPATH:-} timeout ${DECODE_PROFILE_TIMEOUT:-180} $PY benchmarks/profile_decode.py \
+          --out "$OUT/decode_profile_base.json" --batches ${DECODE_BATCHES:-1 16 64 256} 2>&1 \
+          | grep --line-buffered -v USDT | tee "$OUT/decode_profile_base.log"
+      fi
+      timeout ${DECODE_PROFILE_TIMEOUT:-180} $PY benchmarks/profile_decode.py --out "$OUT/decode_profile.json" \
+        --batches ${DECODE_BATCHES:-1 16 64 256} 2>&1 | grep --line-buffered -v USDT | tee "$OUT/decode_profile.log" ;;
+    decode)
+      timeout ${TESTS_TIMEOUT:-150} $PY -m pytest tests/rollout/test_engine_gpu.py -q -ra -p no:cacheprovider 2>&1 \
+        | tee "$OUT/decode_tests.log"
+      decode_bench="benchmarks/test_bench_decode.py benchmarks/test_bench_rollout.py"
+      run_bench "$decode_bench" "decode or oreal_fast-B256" decode "${DECODE_TIMEOUT:-240}" | tee "$OUT/decode_bench.log"
+      reports=("$OUT/decode.json")
+      if [ -n "${BASELINE_ROOT:-}" ]; then  # the same files, importing oreal_fast from BASELINE_ROOT (first on sys.path)
+        out=$(realpath "$OUT") repo=$PWD
+        (cd "$BASELINE_ROOT" && $PY -c "import oreal_fast; print('baseline:', oreal_fast.__file__)" \
+          && timeout "${DECODE_TIMEOUT:-240}" $PY -m pytest $(printf "$repo/%s " $decode_bench) --benchmark-only -q \
+            -p no:cacheprovider -k "decode or oreal_fast-B256" --benchmark-json "$out/decode_baseline.json" \
+            --benchmark-columns=median,iqr,rounds --benchmark-sort=name) 2>&1 | tee "$OUT/decode_baseline.log"
+        reports+=("$OUT/decode_baseline.json")
+      fi
+      $PY benchmarks/decode_report.py "${reports[@]}" | tee "$OUT/decode_table.txt" ;;
     train)
       random_qwen
       for budget in ${TRAIN_BUDGETS:-32768 0}; do
@@ -101,6 +131,23 @@ for part in "$@"; do
       $PY benchmarks/compare_runs.py "$OUT/resume_resumed.jsonl" "$OUT/resume_straight.jsonl" \
         --out "$OUT/resume_compare.json" 2>&1 | tail -c 2000 | tee -a "$OUT/resume_resumed.log"
       ;;
+    soak)
+      random_qwen
+      rm -rf /tmp/soak_work
+      # The judger's stop word is the letter "e" (python-fire keeps the last of a repeated --key): a
+      # random model almost never samples <|im_end|>, so with the real stop word no response would
+      # reach a rule check and the judge workers would never run. A batch starts at most one worker
+      # per rule check: with a few checks a step, both of 2 workers are up within the first steps.
+      # The run ends by SIGTERM at its next safe point (no resume state to write), keeping every
+      # finished step's row; --foreground sends it to the trainer alone, which stops its judge
+      # workers itself (timeout's default signals the whole process group, and the last row would
+      # count workers killed by it).
+      (cd /tmp && timeout --foreground -k 60 "${SOAK_SECONDS:-330}" $PY -m oreal_fast.train "$OLDPWD/configs/a100_40g.py" \
+        "${RANDOM_QWEN[@]}" --judgers_config '{"math_judger": {"hosts": [], "stop_word": "e", "rule_only": True, "num_processes": 2}}' \
+        --gen_global_batch 32 --gen_max_new "${SOAK_MAX_NEW:-64}" --total_steps 100000 --checkpoint_interval 100 \
+        --keep_resume_states 0 --work_dir /tmp/soak_work ${SOAK_ARGS:-}) 2>&1 | tail -c 3000 > "$OUT/soak.log"
+      cp /tmp/soak_work/*/rank0.log.jsonl "$OUT/soak.jsonl"
+      $PY benchmarks/soak_report.py "$OUT/soak.jsonl" --out "$OUT" --every 25 2>&1 | tee -a "$OUT/soak.log" ;;
     sweep)
       timeout 150 $PY benchmarks/sweep_linear_logprob.py --out "$OUT/sweep.json" 2>&1 | tee "$OUT/sweep.log" ;;
   esac

@@ -10,9 +10,11 @@ Cases (fixed seeds):
   short  64 kept sequences, 32 prompts x 2 samples, 470-token prompt + 150..220-token responses
          (~660 tokens each, the shape of a capped-response run)
   mixed  64 sequences with a long-tailed length mix 200 .. 16384 (most short, a few near the cap)
-The process is capped at 40 GiB (`torch.cuda.set_per_process_memory_fraction`) for the whole case,
-so a case that needs more fails. extra_info: tokens_per_s, mfu (rl_shapes.py), peak_gib (optimiser
-states included), num_micro_batches.
+Models as the trainer builds them on CUDA: the fused trunk ops (`TRAIN_OPS`) and the recompute plan
+for 32768-token micro-batches under the cap (both splits' largest micro-batch is 32768 tokens at
+gen_max_length 16384). The process is capped at 40 GiB (`torch.cuda.set_per_process_memory_fraction`)
+for the whole case, so a case that needs more fails. extra_info: tokens_per_s, mfu and hfu (model and
+hardware FLOPs, rl_shapes.py), recomputed_blocks, peak_gib (optimiser states included), num_micro_batches.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import math
 import pytest
 import torch
 
-from rl_shapes import DEVICE, PEAK_FLOPS, mixed_case, rl_models, rl_phase_flops, short_case
+from rl_shapes import CAP_GIB, DEVICE, PEAK_FLOPS, QWEN25_05B, mixed_case, rl_models, rl_phase_flops, short_case
 
 from oreal_fast.config import TrainConfig
 from oreal_fast.optimizers import clip_gradients
@@ -31,7 +33,6 @@ from oreal_fast.rl_step import RLSettings, rl_phase
 from oreal_fast.runtime import Precision
 from oreal_fast.trajectories import plan_micro_batches
 
-CAP_GIB = 40.0
 BUDGETS = {"oreal_fast": 32768, "official_split": 0}
 
 
@@ -47,7 +48,7 @@ def test_rl_loop(benchmark, provider, case):
     torch.cuda.set_per_process_memory_fraction(CAP_GIB * 2**30 / total)
     try:
         kept = CASES[case]()
-        models = rl_models()
+        models, recomputed = rl_models(tokens=32768)
         actor_opt = torch.optim.AdamW(models.actor.parameters(), lr=1e-7, weight_decay=0.01, fused=True)
         rm_opt = torch.optim.AdamW(models.token_rm.parameters(), lr=1e-7, weight_decay=0.01, fused=True)
         cfg = TrainConfig(actor="random", datasets="none", threshold_rescale=True)
@@ -68,10 +69,14 @@ def test_rl_loop(benchmark, provider, case):
         median = benchmark.stats.stats.median
         groups = plan_micro_batches([t.num_tokens for t in kept], 2, budget)
         num_tokens = sum(t.num_tokens for t in kept)
+        model_flops, hardware_flops = rl_phase_flops(kept, groups, recompute_share=recomputed / QWEN25_05B.num_layers,
+                                                     logits_recompute=True)
         benchmark.extra_info.update(
             tokens_per_s=num_tokens / median,
             num_tokens=num_tokens,
-            mfu=rl_phase_flops(kept, groups) / median / PEAK_FLOPS,
+            mfu=model_flops / median / PEAK_FLOPS,
+            hfu=hardware_flops / median / PEAK_FLOPS,
+            recomputed_blocks=recomputed,
             peak_gib=torch.cuda.max_memory_allocated() / 2**30,
             num_micro_batches=len(groups),
             max_micro_batch_tokens=max(sum(kept[i].num_tokens for i in g) for g in groups),

@@ -4,17 +4,21 @@ micro-batch of 2 sequences.
 
 Run: `pytest benchmarks/test_bench_rl_phase.py --benchmark-only` (CUDA only).
 Providers:
-  oreal_fast        our packed decoder (fp32 masters, bf16 autocast, varlen attention), selective
-                    recompute on every block, linear_logprob + the eager OREAL loss (the default)
+  oreal_fast        our packed decoder (fp32 masters, bf16 autocast, varlen attention), the fused
+                    trunk ops (`TRAIN_OPS`), the trainer's recompute plan for this micro-batch under a
+                    40 GiB cap, linear_logprob + the eager OREAL loss (the trainer's defaults)
   oreal_fast_fused  the same with loss_kernel fused_oreal_loss (the loss inside the LM-head kernel)
-  oreal_fast_eager  the same with the kernels' eager twin (chunked full-vocabulary logits)
+  trunk_eager       oreal_fast with the eager trunk ops (and their own recompute plan)
+  oreal_fast_eager  the same with every kernel's eager twin (chunked full-vocabulary logits, eager trunk)
+  recompute_none, recompute_half, recompute_full
+                    oreal_fast with 0, 12 or all 24 blocks of actor and RM recomputed: the recompute table
   hf_plain          transformers Qwen2ForCausalLM x 3 the plain way: full [B, L, V] logits,
                     gradient checkpointing, log_softmax + gather, the same OREAL math after that
 Cases: 2 sequences of L tokens (512 prompt + L - 512 response), L in {4096, 16384}; hf_plain runs
 L = 4096 only (its full logits at 2 x 16384 take ~90 GiB). extra_info: "tokens_per_s" (packed tokens
-over the median time), "mfu" (FLOPs counted in rl_shapes.py over the median time, against 790 TF/s)
-and "peak_gib" (peak allocated device memory during the call, the three models' weights and
-gradients included, optimiser states excluded).
+over the median time), "mfu" and "hfu" (model and hardware FLOPs counted in rl_shapes.py over the
+median time, against 790 TF/s), "recomputed_blocks" and "peak_gib" (peak allocated device memory
+during the call, the three models' weights and gradients included, optimiser states excluded).
 """
 
 from __future__ import annotations
@@ -30,13 +34,25 @@ from rl_shapes import DEVICE, PEAK_FLOPS, QWEN25_05B, rl_models, rl_phase_flops,
 from oreal_fast.algo import (ActorLossInputs, LossCoefficients, global_normalisers, oreal_actor_loss, rm_bce_loss,
                              sequence_means)
 from oreal_fast.config import TrainConfig
+from oreal_fast.kernels.trunk_train import TRAIN_OPS
+from oreal_fast.model.decoder import EAGER_OPS
 from oreal_fast.rl_step import RLSettings, rl_micro_step
 from oreal_fast.runtime import Precision
 from oreal_fast.trajectories import Trajectory, make_micro_batch
 
 PROMPT = 512
 LENGTHS = {"L4096": 4096, "L16384": 16384}
-PROVIDERS = ("oreal_fast", "oreal_fast_fused", "oreal_fast_eager", "hf_plain")
+# provider -> (loss impl, loss kernel, trunk ops, blocks recomputed: None = the plan)
+OURS = {
+    "oreal_fast": ("triton", "linear_logprob", TRAIN_OPS, None),
+    "oreal_fast_fused": ("triton", "fused_oreal_loss", TRAIN_OPS, None),
+    "trunk_eager": ("triton", "linear_logprob", EAGER_OPS, None),
+    "oreal_fast_eager": ("eager", "linear_logprob", EAGER_OPS, None),
+    "recompute_none": ("triton", "linear_logprob", TRAIN_OPS, 0),
+    "recompute_half": ("triton", "linear_logprob", TRAIN_OPS, QWEN25_05B.num_layers // 2),
+    "recompute_full": ("triton", "linear_logprob", TRAIN_OPS, QWEN25_05B.num_layers),
+}
+PROVIDERS = (*OURS, "hf_plain")
 CFG = TrainConfig(actor="random", datasets="none", threshold_rescale=True, pos_mult_adv=True)
 
 
@@ -46,8 +62,9 @@ def _trajectories(length: int) -> list[Trajectory]:
     return kept
 
 
-def _ours(length: int, impl: str, loss_kernel: str):
-    models = rl_models()
+def _ours(length: int, provider: str):
+    impl, loss_kernel, ops, recompute = OURS[provider]
+    models, recomputed = rl_models(recompute, ops=ops, tokens=2 * length, loss_kernel=loss_kernel)
     batch = make_micro_batch(_trajectories(length)).to(torch.device(DEVICE))
     norm = global_normalisers(batch.action_cu_seqlens.diff(), batch.rewards)
     cfg = dataclasses.replace(CFG, loss_impl=impl, loss_kernel=loss_kernel)
@@ -57,7 +74,7 @@ def _ours(length: int, impl: str, loss_kernel: str):
         rl_micro_step(models, batch, norm, settings, update_actor=True)
         models.actor.zero_grad(set_to_none=True)
         models.token_rm.zero_grad(set_to_none=True)
-    return step
+    return step, recomputed, loss_kernel == "linear_logprob"
 
 
 def _hf_plain(length: int):
@@ -102,7 +119,7 @@ def _hf_plain(length: int):
         terms.loss.backward()
         actor.zero_grad(set_to_none=True)
         rm.zero_grad(set_to_none=True)
-    return step
+    return step, QWEN25_05B.num_layers, False  # gradient checkpointing on every layer; logits kept
 
 
 @pytest.mark.parametrize("length_id", list(LENGTHS))
@@ -113,11 +130,7 @@ def test_rl_micro_batch(benchmark, provider, length_id):
         pytest.skip("hf_plain's full logits at 2 x 16384 need ~90 GiB; measured at L4096 only")
     gc.collect()
     torch.cuda.empty_cache()
-    if provider == "hf_plain":
-        step = _hf_plain(length)
-    else:
-        impl = "eager" if provider == "oreal_fast_eager" else "triton"
-        step = _ours(length, impl, "fused_oreal_loss" if provider == "oreal_fast_fused" else "linear_logprob")
+    step, recomputed, logits_recompute = _hf_plain(length) if provider == "hf_plain" else _ours(length, provider)
     step()  # warm-up: kernels compiled, allocator primed
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -129,5 +142,8 @@ def test_rl_micro_batch(benchmark, provider, length_id):
     benchmark.pedantic(timed, rounds=3, iterations=1)
     benchmark.extra_info["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     median = benchmark.stats.stats.median
-    benchmark.extra_info["tokens_per_s"] = 2 * length / median
-    benchmark.extra_info["mfu"] = rl_phase_flops(_trajectories(length), [range(2)]) / median / PEAK_FLOPS
+    model_flops, hardware_flops = rl_phase_flops(_trajectories(length), [range(2)],
+                                                 recompute_share=recomputed / QWEN25_05B.num_layers,
+                                                 logits_recompute=logits_recompute)
+    benchmark.extra_info.update(tokens_per_s=2 * length / median, mfu=model_flops / median / PEAK_FLOPS,
+                                hfu=hardware_flops / median / PEAK_FLOPS, recomputed_blocks=recomputed)

@@ -68,6 +68,9 @@ class MixedJudger:
         rewards = [1.0 if i % self.k < self.k // 2 else -1.0 for i in range(len(items))]
         return JudgeOutcome(rewards=rewards, counters={"rule_confirmed": sum(r > 0 for r in rewards)})
 
+    def live_workers(self):
+        return 0  # no worker processes
+
     def close(self):
         pass
 

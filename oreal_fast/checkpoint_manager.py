@@ -30,6 +30,7 @@ import torch
 from oreal_fast import checkpoint as ckpt
 from oreal_fast.config import ConfigError, TrainConfig
 from oreal_fast.data.sampler import PromptSampler
+from oreal_fast.oom import StepOutOfMemory
 from oreal_fast.optimizers import Optimizers
 from oreal_fast.parallel import DataParallel, broadcast_from_main, full_state_dict
 from oreal_fast.run_dir import (
@@ -298,8 +299,9 @@ class CheckpointManager:
         lost = f"; step(s) {saved + 1}..{done} finished but are not in it" if done > saved else ""
         return f"resume state {name} ({saved} step(s) done) is on disk{lost}", self.run_dir
 
-    def explain(self, error: CheckpointWriteError, done: int) -> None:
-        """Adds what is on disk and the folder to resume to a failed checkpoint write."""
+    def explain(self, error: CheckpointWriteError | StepOutOfMemory, done: int) -> None:
+        """Adds what is on disk and the folder to resume to an error that ends the run (a failed
+        checkpoint write, a step out of GPU memory)."""
         outcome, error.resume_dir = self.on_disk(done)
         error.args = (f"{error}; {outcome}",)
 

@@ -62,8 +62,13 @@ class TrainConfig:
     # --- models (reference 2.1, 1.1) ---
     actor: str
     """Initial policy and tokenizer source: HF hub id, local folder, .gguf path or package://<module>/<file>."""
-    datasets: str | list[str]
-    """Prompt sources: .jsonl paths (or package:// refs) and/or HF dataset ids, concatenated in order."""
+    datasets: str | dict | list[str | dict]
+    """Prompt sources, concatenated in order. A str: a .jsonl/.json/.parquet file (or package:// ref) or a
+    Hugging Face dataset id or folder (split train), with fields question, gold_answer, optional pass_rate.
+    A dict: {"path": ..., "split": "test", "subset": "main", "question": "problem", "answer": "answer",
+    "extract": "plain" | "gsm8k" (#### N) | "boxed"}, or {"reasoning_gym": {"chain_sum": 500}, "seed": 1};
+    either may add "data_source" (default "math") and "exclude" (sources whose questions are dropped).
+    Reference: docs/datasets.md."""
     reference: str | None = None
     """Frozen reference model; absent = the actor."""
     token_level_rm: str | None = None
@@ -75,8 +80,10 @@ class TrainConfig:
     dtype: str = "auto"
     """Compute dtype of every forward (autocast and FSDP gathers; trained weights stay fp32 masters, the
     frozen reference is held in it): auto (bf16 on a GPU that has it, else fp16; fp32 on CPU) | bf16 | fp16 | fp32."""
-    selective_recompute: float = 1.0
-    """Fraction of decoder layers whose activations are recomputed in backward, in [0, 1]."""
+    selective_recompute: float | None = None
+    """Fraction of decoder layers whose activations are recomputed in backward, in [0, 1] (official: 1.0);
+    None = planned: no layer when a micro-batch's activations (rl_micro_batch_tokens) fit under the
+    memory cap, else the fewest whole layers that make them fit (oreal_fast.recompute)."""
     cpu_offload: bool = False
     """Official: FSDP CPU offload of parameters. Not implemented here: True is a config error."""
     cuda_graph: bool = True
@@ -132,6 +139,8 @@ class TrainConfig:
     """Tokens per prefill chunk of the paged engine (vLLM's max_num_batched_tokens; a longer prompt runs alone), >= 1."""
     rollout_keep_cache: bool = True
     """Keep the paged engine's KV pool and CUDA graphs between steps; False frees them after each generation."""
+    decode_steps_per_round: int = 16
+    """Decode steps the paged engine runs per host round trip (stop checks on the GPU, one sync per round), >= 1."""
 
     # --- RL phase and optimisers (reference 4.5-4.14) ---
     rl_global_batch: int | None = None
@@ -222,7 +231,7 @@ class TrainConfig:
     """data_source -> names of the judgers that score it."""
 
     # --- validation (not in the official trainer, which evaluates checkpoints separately) ---
-    val_datasets: str | list[str] | None = None
+    val_datasets: str | dict | list[str | dict] | None = None
     """Held-out problems, same forms as datasets, not difficulty-balanced; None = no validation (else it
     runs after the last step at least)."""
     val_interval: int = 0
@@ -238,6 +247,9 @@ class TrainConfig:
     # --- ours ---
     loss_impl: str = "auto"
     """The LM-head kernels' impl: auto (triton on CUDA, eager on CPU) | triton | eager."""
+    trunk_kernels: str = "auto"
+    """The trained models' RMSNorm, residual add, rope and SwiGLU, forward and backward: auto (triton on
+    CUDA, eager on CPU) | triton (oreal_fast.kernels.trunk_train) | eager (PyTorch ops, autograd's backward)."""
     loss_kernel: str = "linear_logprob"
     """Actor loss: linear_logprob (fused log-probs, then the loss in PyTorch) | fused_oreal_loss
     (the whole OREAL loss inside the LM-head kernel)."""
@@ -399,6 +411,7 @@ def _validate(raw: dict[str, Any], path: str, overridden: set[str]) -> TrainConf
     _check_device(c, cfg)
     _check_validation(c, cfg)
     _check_judgers(c, cfg)
+    _check_data_sources(c, cfg)
     return cfg
 
 
@@ -434,21 +447,14 @@ def _check_type(c: _Checker, key: str, value: Any, hint: Any) -> Any:
     c.fail(key, f"expected {allowed}, got {type(value).__name__} {value!r}")
 
 
-def _check_datasets(c: _Checker, value: Any, key: str = "datasets") -> str | list[str]:
-    items = [value] if isinstance(value, str) else value
-    if not isinstance(items, (list, tuple)) or not items or not all(isinstance(s, str) and s for s in items):
-        c.fail(key, f"expected a non-empty str or a non-empty list of str, got {value!r}")
-    from oreal_fast.data.prompts import resolve_path
+def _check_datasets(c: _Checker, value: Any, key: str = "datasets") -> str | dict | list[str | dict]:
+    from oreal_fast.data.sources import check_sources
 
-    for source in items:
-        if source.endswith(".jsonl"):
-            try:
-                local = resolve_path(source)
-            except ValueError as e:
-                c.fail(key, str(e))
-            if not os.path.isfile(local):
-                c.fail(key, f"jsonl file {local!r} does not exist")
-    return value if isinstance(value, str) else list(value)
+    try:
+        check_sources(value)
+    except ValueError as e:
+        c.fail(key, str(e))
+    return list(value) if isinstance(value, tuple) else value
 
 
 def _check_buckets(c: _Checker, value: Any) -> list[tuple[tuple[float, float], int]] | None:
@@ -492,7 +498,7 @@ def _check_ranges(c: _Checker, cfg: TrainConfig) -> None:
         value = getattr(cfg, key)
         if not math.isfinite(value) or value < 0:
             c.fail(key, f"must be a finite float >= 0, got {value}")
-    _in_range(c, cfg, "selective_recompute", 0.0, 1.0, "[0, 1]", lambda v, lo, hi: lo <= v <= hi)
+    _in_range(c, cfg, "selective_recompute", 0.0, 1.0, "None or [0, 1]", lambda v, lo, hi: v is None or lo <= v <= hi)
     _in_range(c, cfg, "gen_top_p", 0.0, 1.0, "(0, 1]", lambda v, lo, hi: lo < v <= hi)
     _in_range(c, cfg, "correct_threshold", 0.0, 1.0, "[0, 1)", lambda v, lo, hi: lo <= v < hi)
     _in_range(c, cfg, "incorrect_threshold", 0.0, 1.0, "[0, 1)", lambda v, lo, hi: lo <= v < hi)
@@ -510,6 +516,7 @@ def _check_choices(c: _Checker, cfg: TrainConfig) -> None:
     choices = {
         "dtype": ("auto", "bf16", "fp16", "fp32"), "reward_shaping_type": ("rloo", "grpo"),
         "kl_type": ("kl", "unbias", "mse"), "loss_impl": ("auto", "triton", "eager"),
+        "trunk_kernels": ("auto", "triton", "eager"),
         "loss_kernel": ("linear_logprob", "fused_oreal_loss"),
         "device": ("auto", "cpu", "cuda"),
     }
@@ -541,7 +548,7 @@ def _check_rollout_engine(c: _Checker, cfg: TrainConfig) -> None:
     if cfg.kv_cache_gib is not None and not (math.isfinite(cfg.kv_cache_gib) and cfg.kv_cache_gib > 0):
         c.fail("kv_cache_gib", f"must be None or a finite float > 0 (GiB), got {cfg.kv_cache_gib}")
     _in_range(c, cfg, "kv_cache_memory_fraction", 0.0, 1.0, "(0, 1]", lambda v, lo, hi: lo < v <= hi)
-    for key in ("kv_block_size", "max_num_seqs", "max_prefill_tokens"):
+    for key in ("kv_block_size", "max_num_seqs", "max_prefill_tokens", "decode_steps_per_round"):
         if getattr(cfg, key) < 1:
             c.fail(key, f"must be an int >= 1, got {getattr(cfg, key)}")
 
@@ -596,9 +603,10 @@ def _check_device(c: _Checker, cfg: TrainConfig) -> None:
     on_cpu = cfg.device == "cpu" or not torch.cuda.is_available()
     if on_cpu and cfg.dtype in ("bf16", "fp16"):
         c.fail("dtype", f"{cfg.dtype!r} needs a GPU; on CPU use 'fp32' or 'auto' (which picks fp32 there)")
-    if on_cpu and cfg.loss_impl == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
-        c.fail("loss_impl", "'triton' on CPU runs the Triton kernels in their interpreter: set "
-               "TRITON_INTERPRET=1, or use 'eager' or 'auto'")
+    for key in ("loss_impl", "trunk_kernels"):
+        if on_cpu and getattr(cfg, key) == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+            c.fail(key, "'triton' on CPU runs the Triton kernels in their interpreter: set "
+                   "TRITON_INTERPRET=1, or use 'eager' or 'auto'")
     if cfg.gpu_memory_limit_gib is not None:
         if on_cpu:
             c.fail("gpu_memory_limit_gib", "caps GPU memory, but the run is on CPU (set it to None)")
@@ -632,8 +640,6 @@ def _check_judgers(c: _Checker, cfg: TrainConfig) -> None:
             parse_judger_settings(name, raw)
         except ValueError as e:
             c.fail("judgers_config", str(e))
-    if "math" not in cfg.data_judger_mapping:
-        c.fail("data_judger_mapping", "must map 'math' (the data_source of every prompt) to judgers")
     for source, names in cfg.data_judger_mapping.items():
         if not isinstance(names, (list, tuple)) or not names or not all(isinstance(n, str) for n in names):
             c.fail("data_judger_mapping", f"{source!r} must map to a non-empty list of judger names")
@@ -642,6 +648,21 @@ def _check_judgers(c: _Checker, cfg: TrainConfig) -> None:
             c.fail("data_judger_mapping", f"{source!r} names judger(s) {missing} that judgers_config does "
                    f"not define (defined: {sorted(cfg.judgers_config)})")
         cfg.data_judger_mapping[source] = list(names)
+
+
+def _check_data_sources(c: _Checker, cfg: TrainConfig) -> None:
+    """Every source's data_source has a judger; balancing is not asked of problems without pass rates."""
+    from oreal_fast.data.sources import GymSource, parse_sources
+
+    for key in ("datasets", "val_datasets"):
+        sources = parse_sources(getattr(cfg, key)) if getattr(cfg, key) is not None else []
+        for source in sources:
+            if source.data_source not in cfg.data_judger_mapping:
+                c.fail("data_judger_mapping", f"has no entry for data_source {source.data_source!r}, which {key} "
+                       f"uses (mapped: {sorted(cfg.data_judger_mapping)})")
+    if cfg.data_difficulty_balance_cfg and any(isinstance(s, GymSource) for s in parse_sources(cfg.datasets)):
+        c.fail("data_difficulty_balance_cfg", "datasets has reasoning_gym problems, which have no pass_rate to "
+               "balance on; set data_difficulty_balance_cfg = None")
 
 
 def compatibility_notes(cfg: TrainConfig) -> list[str]:

@@ -22,6 +22,8 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from oreal_fast.health import HEALTH_KEYS
+
 # The keys of the official rank0.log.jsonl, in order (reference 5.1).
 OFFICIAL_KEYS = (
     "step",
@@ -53,9 +55,12 @@ OFFICIAL_KEYS = (
 
 def reproducible_metrics(row: dict[str, Any]) -> dict[str, Any]:
     """A metrics row without what differs between any two runs of the same steps: wall-clock
-    timings (``*_time``, ``*_time_s``, ``eta``), throughputs (``*_tgs``, ``*_per_s``) and peak memory."""
+    timings (``*_time``, ``*_time_s``, ``eta``), throughputs (``*_tgs``, ``*_per_s``), peak memory
+    and the process's health counters (``oreal_fast.health.HEALTH_KEYS``: memory now, open files,
+    judge workers)."""
     varying = ("time", "tgs", "memory", "per_s")
-    return {k: v for k, v in row.items() if k != "eta" and not any(part in k for part in varying)}
+    return {k: v for k, v in row.items()
+            if k != "eta" and k not in HEALTH_KEYS and not any(part in k for part in varying)}
 
 
 class MetricsWriter:

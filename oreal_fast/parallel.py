@@ -3,7 +3,8 @@ outside the plain models (``parallelize``), and the step's few collectives as na
 
 One code path: a process started without ``torchrun`` is rank 0 of a world of 1 and every
 collective here returns its input. ``parallelize`` is the sharding half of torchtitan's order
-(``runtime.prepare_model`` applies recompute first, then this: ``fully_shard`` per block, then the root).
+(``runtime.load_rl_models`` applies recompute first, then ``runtime.prepare_model`` this: ``fully_shard``
+per block, then the root).
 What this module does not do: decide what is gathered or split (the trainer and ``rl_step`` do),
 or any tensor, sequence or pipeline parallelism.
 

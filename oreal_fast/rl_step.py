@@ -25,6 +25,7 @@ Invariant: every returned value is a 0-d tensor on the model's device that SUMs 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, NamedTuple
 
 import torch
@@ -46,7 +47,8 @@ from oreal_fast.kernels import fused_oreal_loss, linear_logprob
 from oreal_fast.model.decoder import Decoder, TokenRewardModel
 from oreal_fast.parallel import DataParallel, sum_over_ranks
 from oreal_fast.runtime import Precision, RLModels, resolve_kernel_impl
-from oreal_fast.trajectories import RLMicroBatch, Trajectory, make_micro_batches, plan_micro_batches
+from oreal_fast.trajectories import (RLMicroBatch, Trajectory, iter_micro_batches, make_micro_batches,
+                                     plan_micro_batches)
 
 LOSS_KERNELS = ("linear_logprob", "fused_oreal_loss")
 
@@ -227,11 +229,12 @@ def rl_phase(
     norm = global_normalisers(lens, rewards)
     plans = [plan_micro_batches([t.num_tokens for t in share], micro_batch_size, token_budget)
              for share in (DataParallel(r, dp.world_size).share(kept) for r in range(dp.world_size))]
-    micro_batches = make_micro_batches(dp.share(kept), plans[dp.rank], device)
-    num_pad = max(len(plan) for plan in plans) - len(micro_batches)
+    num_pad = max(len(plan) for plan in plans) - len(plans[dp.rank])
     pads = make_micro_batches(kept[:1], [range(1)], device) * num_pad if num_pad else []
+    # packed one at a time, each while the GPU still runs the one before (iter_micro_batches)
+    micro_batches = iter_micro_batches(dp.share(kept), plans[dp.rank], device)
     total = None
-    for micro, pad in [(m, False) for m in micro_batches] + [(m, True) for m in pads]:
+    for micro, pad in chain(((m, False) for m in micro_batches), ((m, True) for m in pads)):
         sums = rl_micro_step(models, micro, norm, settings, update_actor=update_actor, pad=pad)
         total = sums if total is None else MicroStepSums(*(a + b for a, b in zip(total, sums)))
     return MicroStepSums(*sum_over_ranks(dp, list(total)))

@@ -8,10 +8,12 @@ forward can meet derive from that one dtype: the autocast around the forwards
 turns ``loss_impl`` into the LM-head kernels' ``impl`` for the device.
 
 `load_rl_models` loads the three models of the RL phase as the runtime says (the trained actor and
-token RM as fp32 masters, the frozen reference in the compute dtype) and prepares each in
-torchtitan's order (`prepare_model`): activation recompute, then compile (nothing here is
-compiled: the trunk runs eager or through its own kernels), then ``fully_shard`` per block, then
-the root. `load_frozen` and `load_chat_tokenizer` serve evaluation the same way.
+token RM as fp32 masters, the frozen reference in the compute dtype, their trunks' elementwise ops
+as ``trunk_kernels`` picks them) and prepares them in torchtitan's order: activation recompute of
+the trained trunks (``recompute.apply_recompute_plan``, planned once every model is loaded), then
+compile (nothing here is compiled: the trunk runs eager or through its own kernels), then
+``fully_shard`` per block and the root (`prepare_model`). `load_frozen` and `load_chat_tokenizer`
+serve evaluation the same way.
 
 Not here: the LM-head kernels' casts (each kernel casts its inputs to the autocast dtype itself),
 the rollout engines' precision (``rollout.build_rollout`` hands them the compute dtype).
@@ -30,10 +32,11 @@ import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from oreal_fast.config import ConfigError, TrainConfig, validate_stop_word
-from oreal_fast.model.decoder import Decoder, TokenRewardModel, max_rope_positions
+from oreal_fast.kernels.trunk_train import trunk_ops_for
+from oreal_fast.model.decoder import EAGER_OPS, Decoder, TokenRewardModel, TrunkOps, max_rope_positions
 from oreal_fast.model.hf_io import load_decoder, load_token_rm, load_tokenizer
 from oreal_fast.parallel import DataParallel, parallelize
-from oreal_fast.recompute import apply_selective_recompute
+from oreal_fast.recompute import apply_recompute_plan
 
 # Trained weights stay fp32 masters, and AdamW's moments take their dtype (reference 1.1).
 MASTER_DTYPE = torch.float32
@@ -148,43 +151,50 @@ def load_chat_tokenizer(cfg: TrainConfig) -> tuple[Any, int]:
     return tokenizer, validate_stop_word(cfg, tokenizer)
 
 
-def prepare_model(model: torch.nn.Module, trunk: Decoder, runtime: Runtime, *,
-                  recompute: float | None = None) -> None:
-    """torchtitan's order, in place: activation recompute of ``trunk``'s blocks (``recompute`` =
-    the share of blocks, None for a frozen model), no compile, then under data parallelism
-    ``fully_shard`` per block and on ``model`` last, gathering in the compute dtype."""
-    if recompute is not None:
-        apply_selective_recompute(trunk, recompute)
+def prepare_model(model: torch.nn.Module, trunk: Decoder, runtime: Runtime) -> None:
+    """torchtitan's order after activation recompute (applied to ``trunk`` before this) and compile
+    (none here), in place: under data parallelism ``fully_shard`` per block of ``trunk`` and on
+    ``model`` last, gathering in the compute dtype."""
     if runtime.dp.enabled:
         parallelize(model, trunk.blocks, runtime.precision.fsdp_policy())
 
 
-def load_frozen(cfg: TrainConfig, key: str, runtime: Runtime) -> Decoder:
+def load_frozen(cfg: TrainConfig, key: str, runtime: Runtime, trunk_ops: TrunkOps = EAGER_OPS) -> Decoder:
     """The model config ``key`` names (``actor`` or ``reference``), in the compute dtype, frozen,
     in eval mode; its rope table must cover ``gen_max_length``."""
     with model_ref_errors(cfg, key):
-        model = load_decoder(getattr(cfg, key), dtype=runtime.compute_dtype, device=runtime.device)
+        model = load_decoder(getattr(cfg, key), dtype=runtime.compute_dtype, device=runtime.device,
+                             trunk_ops=trunk_ops)
     _check_rope(cfg, key, model)
     return model.requires_grad_(False).eval()
 
 
-def load_rl_models(cfg: TrainConfig, runtime: Runtime) -> RLModels:
-    """Actor and token RM as fp32 masters, the frozen reference in the compute dtype (1.1), each
-    prepared by `prepare_model` (the trained ones recompute ``selective_recompute`` of their blocks)."""
+def load_rl_models(cfg: TrainConfig, runtime: Runtime) -> tuple[RLModels, str]:
+    """Actor and token RM as fp32 masters, the frozen reference in the compute dtype (1.1), every
+    trunk with the ops ``trunk_kernels`` picks; the trained trunks recompute the blocks
+    ``apply_recompute_plan`` chooses (``selective_recompute``, or planned from the memory cap with
+    every model loaded), then each model is `prepare_model`'d.
+
+    Returns:
+        The models, and one line for the run's log: the blocks each trained model recomputes and why.
+    """
     device, compute = runtime.device, runtime.compute_dtype
+    ops = trunk_ops_for(cfg.trunk_kernels, device)
     with model_ref_errors(cfg, "actor"):
-        actor = load_decoder(cfg.actor, dtype=MASTER_DTYPE, device=device, compute_dtype=compute)
+        actor = load_decoder(cfg.actor, dtype=MASTER_DTYPE, device=device, compute_dtype=compute, trunk_ops=ops)
     _check_rope(cfg, "actor", actor)
-    reference = load_frozen(cfg, "reference", runtime)
+    reference = load_frozen(cfg, "reference", runtime, trunk_ops=ops)
     token_rm = None
     if cfg.token_level_rm is not None:
         with model_ref_errors(cfg, "token_level_rm"):
-            token_rm = load_token_rm(cfg.token_level_rm, dtype=MASTER_DTYPE, device=device, compute_dtype=compute)
-    prepare_model(actor, actor, runtime, recompute=cfg.selective_recompute)
+            token_rm = load_token_rm(cfg.token_level_rm, dtype=MASTER_DTYPE, device=device, compute_dtype=compute,
+                                     trunk_ops=ops)
+    note = apply_recompute_plan(cfg, [actor] + ([token_rm.backbone] if token_rm is not None else []), compute)
+    prepare_model(actor, actor, runtime)
     prepare_model(reference, reference, runtime)
     if token_rm is not None:
-        prepare_model(token_rm, token_rm.backbone, runtime, recompute=cfg.selective_recompute)
-    return RLModels(actor, reference, token_rm)
+        prepare_model(token_rm, token_rm.backbone, runtime)
+    return RLModels(actor, reference, token_rm), note
 
 
 def _check_rope(cfg: TrainConfig, key: str, model: Decoder) -> None:

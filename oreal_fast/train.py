@@ -9,6 +9,8 @@ traceback:
             the prompt files, the models, the resume state, the work_dir and its free space);
             bad prompt data. Nothing is left in work_dir.
   exit 1    a checkpoint write failed mid-run (disk full, I/O error): what is saved, how to resume.
+  exit 3    a step ran out of GPU memory: the phase, the peak, the cap, the keys that would fit it
+            (``oreal_fast.oom``), what is saved, how to resume.
   exit 130  SIGINT (Ctrl-C) / exit 143 SIGTERM: stopped at a safe point (``oreal_fast.interrupt``),
             saying which state is on disk and the command that continues the run.
 What this module does not do: anything of the run itself, which is ``oreal_fast.trainer.train``.
@@ -26,10 +28,12 @@ import fire
 from oreal_fast.config import ConfigError, load_config
 from oreal_fast.data.prompts import DataError
 from oreal_fast.interrupt import StopRun, StopSignals
+from oreal_fast.oom import StepOutOfMemory
 from oreal_fast.run_dir import CheckpointWriteError
 
 CONFIG_ERROR_EXIT = 2
 WRITE_ERROR_EXIT = 1
+OUT_OF_MEMORY_EXIT = 3
 
 
 @contextlib.contextmanager
@@ -74,6 +78,9 @@ def _run(argv: list[str], config: str, **overrides: object) -> None:
         except CheckpointWriteError as e:
             print(f"checkpoint error: {e}; continue with: {_continue_command(argv, e.resume_dir)}", file=sys.stderr)
             sys.exit(WRITE_ERROR_EXIT)
+        except StepOutOfMemory as e:
+            print(f"\n{e}; continue with: {_continue_command(argv, e.resume_dir)}", file=sys.stderr)
+            sys.exit(OUT_OF_MEMORY_EXIT)
         except StopRun as e:
             during = f"step {e.step} ({e.phase})" if e.step is not None else "start-up"
             verb = "continue" if e.resume_dir is not None else "start again"

@@ -42,11 +42,13 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from oreal_fast import oom
 from oreal_fast.algo import compute_advantages, select_trajectories
 from oreal_fast.checkpoint_manager import CheckpointManager, TrainState
 from oreal_fast.config import TrainConfig, compatibility_notes
 from oreal_fast.data.source import PromptSource
 from oreal_fast.evaluator import Evaluator, validation_due
+from oreal_fast.health import health_counters
 from oreal_fast.interrupt import StopRun, StopSignals
 from oreal_fast.judge import Router
 from oreal_fast.metrics import MetricsWriter, SilentMetrics, dump_trajectories, trajectory_rows
@@ -55,7 +57,7 @@ from oreal_fast.parallel import DataParallel, close_data_parallel, full_weights,
 from oreal_fast.rl_step import MicroStepSums, RLSettings, rl_phase
 from oreal_fast.rollout import RolloutEngine, build_rollout, sampling_params
 from oreal_fast.run_dir import CheckpointWriteError
-from oreal_fast.runtime import build_runtime, load_chat_tokenizer, load_rl_models
+from oreal_fast.runtime import build_runtime, load_chat_tokenizer, load_rl_models, resolve_device
 from oreal_fast.step_record import StepClock, StepSamples, loss_metrics, step_metrics
 from oreal_fast.trajectories import Trajectory
 
@@ -95,7 +97,7 @@ class Trainer:
         self.evaluator = (Evaluator.from_config(cfg, tokenizer=self.tokenizer, stop_token_id=stop_token_id,
                                                 device=self.device) if cfg.val_datasets is not None else None)
         self.total_steps = min(cfg.total_steps, self.prompts.sampler.num_steps)  # official cap (3.4)
-        self.models = load_rl_models(cfg, self.runtime)
+        self.models, models_note = load_rl_models(cfg, self.runtime)  # trunk ops, recompute, FSDP
         self.optimizers = build_optimizers(cfg, self.models, self.total_steps, self.device)
         self.rl_settings = RLSettings.from_config(cfg, self.runtime.precision)
         # The Router draws its first verifier host from Python's global `random`, as the official
@@ -111,21 +113,21 @@ class Trainer:
             cfg, self.models.actor, compute_dtype=self.runtime.compute_dtype, num_sessions=cfg.gen_global_batch,
             optimizers=self.optimizers.all(), data_parallel=dp.enabled)
         self.checkpoints.check_disk()
-        self._open_outputs()
+        self._open_outputs([models_note])
         self._progress: tqdm | None = None  # the progress bar, while fit() runs
         self._last_summary = "starting"
         self._done = self.start_step  # steps finished
 
-    def _open_outputs(self) -> None:
+    def _open_outputs(self, notes: list[str]) -> None:
         """The run folder (a fresh one only now that everything has loaded), its metrics files, and
-        the start-up notes in its text log."""
+        the start-up notes (``notes``, the config's and the checkpoints') in its text log."""
         self.run_dir = self.checkpoints.open_run_folder()
         with self.checkpoints.first_writes():
             self.metrics = (MetricsWriter(self.run_dir, log_interval=self.cfg.log_interval) if self.dp.is_main
                             else SilentMetrics())
         if self.checkpoints.resumed:
             self.metrics.truncate_after(self.start_step)
-        for note in compatibility_notes(self.cfg) + self.checkpoints.notes:
+        for note in compatibility_notes(self.cfg) + notes + self.checkpoints.notes:
             log.info(note)
             self.metrics.log_text(note)
 
@@ -194,6 +196,8 @@ class Trainer:
         metrics = step_metrics(step, self.total_steps, samples, kept, loss_metrics(sums), clock, lrs=lrs,
                                grad_norms=norms, world_size=self.dp.world_size)
         metrics.update({f"rollout_{k}": v for k, v in self.rollout.stats().items()})
+        # counters that must stay flat over a long run: host memory now, open files, judge workers
+        metrics.update(health_counters(self.device, judge_workers=self.router.live_workers()))
         return metrics
 
     def _phase(self, name: str) -> None:
@@ -221,6 +225,8 @@ class Trainer:
             StopRun: a stop signal reached a safe point; a resume state of the last finished step
                 is on disk (``save_on_signal``) and ``outcome`` says which.
             CheckpointWriteError: a checkpoint could not be written; the previous one is intact.
+            oom.StepOutOfMemory: the GPU ran out of memory; it names the phase and the keys that
+                would fit it, with what is on disk.
         """
         self._log_start()
         self._progress = tqdm(range(self.start_step, self.total_steps), initial=self.start_step,
@@ -239,6 +245,11 @@ class Trainer:
         except CheckpointWriteError as e:
             self.checkpoints.explain(e, self._done)
             raise
+        except torch.OutOfMemoryError as e:
+            error = oom.explain(e, phase=self.stop.phase, step=self._done + 1, device=self.device,
+                                cap_gib=self.cfg.gpu_memory_limit_gib)
+            self.checkpoints.explain(error, self._done)
+            raise error from None
         finally:
             self._close()
         return self.run_dir
@@ -280,7 +291,12 @@ def train(cfg: TrainConfig, stop: StopSignals | None = None) -> str:
     logging.basicConfig(level=level if dp.is_main else logging.WARNING,  # rank 0 tells the story
                         format="%(asctime)s %(levelname)s %(message)s")
     try:
-        run_dir = Trainer(cfg, stop=stop, dp=dp).fit()
+        try:
+            trainer = Trainer(cfg, stop=stop, dp=dp)
+        except torch.OutOfMemoryError as e:
+            raise oom.explain(e, phase="start", step=None, device=resolve_device(cfg.device),
+                              cap_gib=cfg.gpu_memory_limit_gib) from None
+        run_dir = trainer.fit()
     finally:
         close_data_parallel()
     if dp.is_main:

@@ -16,6 +16,7 @@ per-token tensors of the loss are the concatenation of each trajectory's R respo
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -128,6 +129,16 @@ def make_micro_batches(trajectories: list[Trajectory], groups: list[range], devi
     if not groups:
         return []
     return _move_all([make_micro_batch([trajectories[i] for i in g]) for g in groups], device)
+
+
+def iter_micro_batches(trajectories: list[Trajectory], groups: list[range], device: torch.device
+                       ) -> Iterator[RLMicroBatch]:
+    """The micro-batches of ``make_micro_batches``, each packed on the host and sent to ``device``
+    (pinned, non-blocking) only when the caller asks for it: a loop that queues one micro-batch's
+    GPU work before asking for the next packs the next while the GPU runs the current one, and the
+    first starts without waiting for the others to be packed."""
+    for g in groups:
+        yield make_micro_batch([trajectories[i] for i in g]).to(device)
 
 
 _INT_FIELDS = ("action_labels", "action_index", "action_seq", "action_cu_seqlens")

@@ -1,4 +1,4 @@
-"""benchmarks/compare_runs.py: which metrics of two runs differ, timings left out."""
+"""benchmarks/compare_runs.py: which metrics of two runs differ, timings and host counters left out."""
 
 import importlib.util
 import json
@@ -25,17 +25,19 @@ def _write(path, rows):
 
 def test_lists_changed_and_one_sided_metrics_and_ignores_timings(tmp_path):
     a = _write(tmp_path / "a.jsonl", [
-        {"step": 1, "rl_loss": 0.5, "rl_time": 3.0, "rl_tgs": 100, "eta": 9, "max_memory": 1.0, "rollout_tokens_per_s": 7.0},
+        {"step": 1, "rl_loss": 0.5, "rl_time": 3.0, "rl_tgs": 100, "eta": 9, "max_memory": 1.0, "rollout_tokens_per_s": 7.0,
+         "host_rss_gib": 1.5, "open_fds": 40, "judge_workers": 2, "gpu_allocated_gib": 3.0, "gpu_reserved_gib": 4.0},
         {"step": 2, "rl_loss": 0.25, "avg_new_tokens": 10.0, "rollout_time_s": 1.0},
         {"step": 3, "rl_loss": 0.1},
     ])
     b = _write(tmp_path / "b.jsonl", [
-        {"step": 1, "rl_loss": 0.5, "rl_time": 4.0, "rl_tgs": 90, "eta": 8, "max_memory": 2.0, "rollout_tokens_per_s": 6.0},
+        {"step": 1, "rl_loss": 0.5, "rl_time": 4.0, "rl_tgs": 90, "eta": 8, "max_memory": 2.0, "rollout_tokens_per_s": 6.0,
+         "host_rss_gib": 1.7, "open_fds": 41, "judge_workers": 1, "gpu_allocated_gib": 3.5, "gpu_reserved_gib": 4.5},
         {"step": 2, "rl_loss": 0.3, "num_kept": 2, "rollout_time_s": 2.0},
     ])
     report = _load().compare(a, b)
     assert report["steps_a"] == [1, 2, 3] and report["steps_b"] == [1, 2]
-    # step 1 differs only in timings, throughput and memory; step 3 is in one run only
+    # step 1 differs only in timings, throughput, memory and health counters; step 3 is in one run only
     assert report["differences"] == {2: {"rl_loss": [0.25, 0.3], "avg_new_tokens": [10.0, None], "num_kept": [None, 2]}}
 
 

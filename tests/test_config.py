@@ -129,6 +129,8 @@ BAD = [
     ("seed = -1", "seed", ">= 0"),
     ("dtype = 'int8'", "dtype", "auto, bf16, fp16, fp32"),
     ("loss_impl = 'fused'", "loss_impl", "auto, triton, eager"),
+    ("trunk_kernels = 'liger'", "trunk_kernels", "auto, triton, eager"),
+    ("selective_recompute = 1.5", "selective_recompute", "None or [0, 1]"),
     ("loss_kernel = 'cce'", "loss_kernel", "linear_logprob, fused_oreal_loss"),
     ("rl_micro_batch_tokens = -1", "rl_micro_batch_tokens", ">= 0"),
     ("device = 'tpu'", "device", "auto, cpu, cuda"),
@@ -158,6 +160,7 @@ def test_bad_config_names_key_file_and_range(tmp_path, line, key, why):
 @pytest.mark.parametrize("line, key, why", [
     ("device = 'cpu'\ndtype = 'bf16'", "dtype", "needs a GPU"),
     ("device = 'cpu'\nloss_impl = 'triton'", "loss_impl", "TRITON_INTERPRET=1"),
+    ("device = 'cpu'\ntrunk_kernels = 'triton'", "trunk_kernels", "TRITON_INTERPRET=1"),
     ("device = 'cpu'\ngpu_memory_limit_gib = 40", "gpu_memory_limit_gib", "on CPU"),
 ])
 def test_cpu_only_settings_are_refused_before_anything_loads(tmp_path, monkeypatch, line, key, why):

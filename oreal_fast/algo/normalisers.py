@@ -47,7 +47,7 @@ def global_normalisers(response_lens: torch.Tensor, rewards: torch.Tensor) -> No
     lens = response_lens.long()
     n_act = lens.sum()
     n_pos = (lens * (rewards > 0)).sum()
-    n_seqs = torch.tensor(lens.numel(), device=lens.device)
+    n_seqs = torch.full((), lens.numel(), dtype=torch.int64, device=lens.device)  # a fill, not a blocking copy
     return Normalisers(n_act, n_pos, n_act - n_pos, n_seqs)
 
 

@@ -1,4 +1,5 @@
-"""Prompt data: records and balancing, the seeded step sampler, chat rendering and packing."""
+"""Prompt data: sources (files, Hub datasets, reasoning-gym), records and balancing, the seeded step sampler, chat
+rendering and packing."""
 
 from oreal_fast.data.chat import render_prompt_ids
 from oreal_fast.data.packing import PackedRow, pack_sequences

@@ -1,74 +1,138 @@
-"""Worker processes that run rule checks under a per-sample time limit.
+"""Worker processes that run rule checks under a per-sample CPU-time limit.
 
-What it does: `RulePool.run(tasks)` sends (mode, text, gold, time limit) tasks to a few
-worker processes, one task per worker at a time, and yields each verdict as it arrives. A
-worker past its task's deadline is killed (SIGKILL) and replaced; its task's verdict is
-`TIMED_OUT`. sympy can spin for hours on inputs like ``10^{10^{10}}`` and a Python thread
-cannot be interrupted inside a C big-integer operation, so only a separate process gives
-a hard limit.
+What it does: `RulePool.run(tasks)` sends (check, text, gold, CPU limit) tasks to a few worker
+processes, one task per worker at a time, and yields each verdict as it arrives. A check is a
+``"module:function"`` taking ``(text, gold)`` and returning a truth value (`OFFICIAL_CHECK`,
+`STRICT_CHECK`, or any importable function: tests pass their own). A check that uses more
+than its limit of the worker's CPU time is killed with its worker, which is replaced; its
+verdict is `TIMED_OUT`. sympy can spin for hours on inputs like ``10^{10^{10}}`` and a Python
+thread cannot be interrupted inside a C big-integer operation, so only a separate process
+gives a hard limit.
 
-Workers come from a fork server that has already imported sympy and math-verify, so
-starting or replacing one costs a fork, not a second of imports; they start lazily at the
-first task, so a run that never checks a rule starts none. Each worker caps its address
-space, so a huge power turns into a quick MemoryError instead of swapping the machine.
+Why CPU time: a wall-clock limit made the verdict depend on how busy the machine was (the same
+check passed alone and timed out beside other jobs). The limit counts the CPU seconds the
+check itself spends, so a verdict is a function of the sample; a much larger wall-clock
+backstop (`wall_backstop_s`) only catches a worker that is stuck off the CPU (blocked,
+swapped out, deadlocked) and logs a warning when it fires.
+
+Workers come from a fork server that has already imported sympy and math-verify, so starting
+or replacing one costs a fork, not a second of imports; they start lazily at the first task,
+so a run that never checks a rule starts none. Before a worker takes tasks it runs each
+built-in check once (parsers load lazily on first use), and a check named for the first time is
+imported before its limit starts, so no limit ever pays for start-up.
+Each worker caps its address space, so a huge power turns into a quick MemoryError instead
+of swapping the machine.
 
 What it does not: it knows nothing about rewards or servers (see router.py).
 
-Invariant: every task given to `run` gets exactly one verdict, within about its time limit
-after it reached a worker; no task is lost when a worker dies.
+Invariant: every task given to `run` gets exactly one verdict, within its CPU limit of check
+time (or the wall backstop) after it reached a worker; no task is lost when a worker dies.
 """
 
 import collections
 import enum
+import importlib
+import logging
 import multiprocessing
 import multiprocessing.connection
 import os
+import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
-_RULE_MODULES = ["oreal_fast.judge.rule_official", "oreal_fast.judge.rule_strict"]
+OFFICIAL_CHECK = "oreal_fast.judge.rule_official:check"
+STRICT_CHECK = "oreal_fast.judge.rule_strict:check"
+_RULE_MODULES = [OFFICIAL_CHECK.split(":")[0], STRICT_CHECK.split(":")[0]]
+# One check of each built-in kind, run by every worker before its first task: the first call
+# loads sympy's LaTeX parser and math-verify's grammar (about 0.5 CPU-s), which must not count
+# against a sample's limit.
+_WARM_UP = [(OFFICIAL_CHECK, r"\boxed{\frac{1}{2}}", "0.5"), (STRICT_CHECK, r"\boxed{\frac{1}{2}}", "0.5")]
 # Address space a worker may add to what it has mapped at start: far above what a real check
 # needs (tens of MB), far below a machine's memory.
 _WORKER_HEADROOM = 4 << 30
+# A check at its CPU limit on a machine loaded 10 deep gets a tenth of a core and still ends
+# within 10x its limit in wall time; the floor keeps short limits clear of scheduling hiccups.
+_BACKSTOP_FACTOR = 10.0
+_BACKSTOP_MIN_S = 60.0
+
+log = logging.getLogger(__name__)
 
 
 class RuleVerdict(enum.Enum):
     CONFIRMED = "confirmed"
     NOT_CONFIRMED = "not_confirmed"
-    TIMED_OUT = "timed_out"  # also a worker that died mid-task
+    TIMED_OUT = "timed_out"  # over the CPU limit or the wall backstop; also a worker that died mid-task
 
 
 class RuleTask(NamedTuple):
-    mode: str  # "official" | "strict"
+    check: str  # "module:function", e.g. OFFICIAL_CHECK
     text: str  # post-processed response (stop words removed, cut after thinking words)
     gold: str
-    timeout_s: float
+    timeout_s: float  # CPU seconds the check may use
+
+
+def wall_backstop_s(cpu_limit_s: float) -> float:
+    """Wall-clock seconds after which a worker that has not answered is killed whatever its CPU time."""
+    return max(_BACKSTOP_FACTOR * cpu_limit_s, _BACKSTOP_MIN_S)
+
+
+def _resolve(spec: str) -> Callable[[str, str], object]:
+    """The function named by ``"module:function"`` (imported here, outside any limit)."""
+    module, sep, name = spec.partition(":")
+    if not sep or not module or not name:
+        raise ValueError(f"rule check {spec!r} is not of the form 'module:function'")
+    return getattr(importlib.import_module(module), name)
+
+
+def _run_limited(check: Callable[[str, str], object], text: str, gold: str, cpu_limit_s: float) -> bool:
+    """``check(text, gold)`` as a bool, the process killed once the call has used ``cpu_limit_s``.
+
+    ITIMER_PROF counts this process's CPU time (user + system) and raises SIGPROF, whose default
+    action ends the process: the kernel enforces the limit even inside a C big-integer loop, at
+    sub-second resolution, without the trainer having to be scheduled to watch (RLIMIT_CPU counts
+    whole seconds since the process started; polling /proc from the trainer needs the trainer
+    on a CPU, which is what a busy machine denies). Time spent waiting for a CPU is not counted.
+    """
+    signal.setitimer(signal.ITIMER_PROF, cpu_limit_s)
+    try:
+        return bool(check(text, gold))
+    except BaseException:  # MemoryError etc.: the checker gave no verdict, so no +1
+        return False
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
 
 
 def _worker_main(conn: multiprocessing.connection.Connection) -> None:
-    """Loop of one worker: receive a task, send back a bool, until told to stop (None)."""
-    import importlib
-    import signal
+    """Loop of one worker: receive a task, send back a bool, until told to stop (None).
 
+    A check that cannot be imported is answered with its error message (a str), which the pool
+    raises: a misnamed check must stop the run, not score every sample -1.
+    """
     # A terminal's Ctrl-C reaches the whole process group; the trainer handles it and stops its
     # workers itself, so a worker must not die of it (mid-import, its pipe would just break).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-    checkers = {
-        "official": importlib.import_module(_RULE_MODULES[0]).check,
-        "strict": importlib.import_module(_RULE_MODULES[1]).check,
-    }
+    signal.signal(signal.SIGPROF, signal.SIG_DFL)  # ends the process: the CPU limit (see _run_limited)
+    # The limit counts the CPU time of all of this process's threads: a BLAS or OpenMP pool with one
+    # thread per core (numpy loads at the warm-up below) would make a check's cost depend on the core count.
+    os.environ.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    checks: dict[str, Callable[[str, str], object]] = {}
+    for spec, text, gold in _WARM_UP:
+        checks[spec] = _resolve(spec)
+        checks[spec](text, gold)
     _cap_address_space()
     try:
-        conn.send("ready")  # imports done: from now on a deadline measures checking alone
+        conn.send("ready")  # imports and warm-up done: from now on a limit measures checking alone
         while (task := conn.recv()) is not None:
-            try:
-                ok = bool(checkers[task[0]](task[1], task[2]))
-            except BaseException:  # MemoryError etc.: the checker gave no verdict, so no +1
-                ok = False
-            conn.send(ok)
+            spec, text, gold, cpu_limit_s = task
+            if spec not in checks:
+                try:
+                    checks[spec] = _resolve(spec)
+                except Exception as e:
+                    conn.send(f"rule check {spec!r} could not be loaded in the worker: {type(e).__name__}: {e}")
+                    continue
+            conn.send(_run_limited(checks[spec], text, gold, cpu_limit_s))
     except (EOFError, ConnectionError):  # the trainer is gone (a kill -9 resets the pipe): stop quietly
         return
 
@@ -83,7 +147,7 @@ def _cap_address_space() -> None:
         cap = mapped + _WORKER_HEADROOM
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     except (ImportError, OSError, ValueError):
-        pass  # no /proc or rlimit on this platform: the deadline still holds
+        pass  # no /proc or rlimit on this platform: the CPU limit still holds
 
 
 class _Worker:
@@ -140,10 +204,11 @@ class RulePool:
                     self._replace(w)
 
     def _dispatch(self, tasks: list[RuleTask], busy: dict) -> Iterator[tuple[int, RuleVerdict]]:
-        """Feed idle workers, collect answers, kill the late.
+        """Feed idle workers, collect answers, kill the stuck.
 
-        `busy` maps a worker's connection to (worker, task index, deadline); the caller
-        keeps it so that it can clean up after an early stop.
+        `busy` maps a worker's connection to (worker, task index, wall backstop); the caller
+        keeps it so that it can clean up after an early stop. A worker over its CPU limit ends
+        itself (see `_run_limited`) and shows up here as a closed pipe.
         """
         pending = collections.deque(enumerate(tasks))
         idle = [w for w in self._workers if w.ready]
@@ -152,12 +217,12 @@ class RulePool:
                 w = idle.pop()
                 i, task = pending[0]
                 try:
-                    w.conn.send(tuple(task[:3]))
+                    w.conn.send(tuple(task))
                 except OSError:  # died while idle: replace it, keep the task
                     self._replace(w)
                     continue
                 pending.popleft()
-                busy[w.conn] = (w, i, time.monotonic() + task.timeout_s)
+                busy[w.conn] = (w, i, time.monotonic() + wall_backstop_s(task.timeout_s))
             starting = {w.conn: w for w in self._workers if not w.ready}
             wait_s = min((d for _, _, d in busy.values()), default=time.monotonic() + 1.0)
             wait_s = max(0.0, wait_s - time.monotonic())
@@ -168,16 +233,21 @@ class RulePool:
                 w, i, _ = busy.pop(conn)
                 try:
                     ok = conn.recv()
-                except (EOFError, OSError):
+                except (EOFError, OSError):  # over its CPU limit (SIGPROF), or died otherwise
                     self._replace(w)
                     yield i, RuleVerdict.TIMED_OUT
                     continue
                 idle.append(w)
+                if isinstance(ok, str):  # the check could not be imported
+                    raise RuntimeError(ok)
                 yield i, RuleVerdict.CONFIRMED if ok else RuleVerdict.NOT_CONFIRMED
             now = time.monotonic()
-            for conn, (w, i, deadline) in list(busy.items()):
-                if now >= deadline:
+            for conn, (w, i, backstop) in list(busy.items()):
+                if now >= backstop:
                     del busy[conn]
+                    log.warning("rule check of task %d ran %.0f s of wall time without answering (stuck off the"
+                                " CPU: blocked or swapped?); its worker is replaced and the sample counted as"
+                                " a timeout", i, wall_backstop_s(tasks[i].timeout_s))
                     self._replace(w)
                     yield i, RuleVerdict.TIMED_OUT
 
@@ -200,6 +270,10 @@ class RulePool:
         fresh = _Worker(self._ctx)
         self._workers[self._workers.index(w)] = fresh
         return fresh
+
+    def live_workers(self) -> int:
+        """How many worker processes are alive now (0 before the first task; read-only)."""
+        return sum(w.proc.is_alive() for w in self._workers)
 
     def close(self) -> None:
         """Stop every worker (politely, then by force)."""

@@ -6,9 +6,9 @@ Decision per sample (reference 4.3), with the judger the sample's data source ma
    A response that stopped on ``<|endoftext|>`` instead of ``<|im_end|>`` fails here too.
 2. For each thinking-finish word in order, keep only the text after its last occurrence.
 3. Remove every occurrence of the stop word.
-4. Rule check (official or strict, in a worker under a time limit): a match -> +1
-   (counted: rule_confirmed). The rule never rejects. A check over its time limit is a
-   miss (counted: rule_timeouts).
+4. Rule check (official or strict, in a worker under a CPU-time limit): a match -> +1
+   (counted: rule_confirmed). The rule never rejects. A check over its limit is a miss
+   (counted: rule_timeouts).
 5. Otherwise, unless rule_only, ask the LLM verifier with the whole text of step 3
    (counted: verifier_calls): graded correct -> +1, wrong -> -1, no grade after the
    retries -> -1 (counted: verifier_failures). With rule_only a miss is -1.
@@ -31,10 +31,11 @@ import dataclasses
 import logging
 import random
 
-from oreal_fast.judge.pool import RulePool, RuleTask, RuleVerdict
+from oreal_fast.judge.pool import OFFICIAL_CHECK, STRICT_CHECK, RulePool, RuleTask, RuleVerdict
 from oreal_fast.judge.settings import MathJudgerSettings, parse_judger_settings
 from oreal_fast.judge.verifier import VerifierClient
 
+RULE_CHECKS = {"official": OFFICIAL_CHECK, "strict": STRICT_CHECK}  # rule_mode -> check the workers run
 COUNTER_KEYS = ("rule_confirmed", "verifier_calls", "verifier_failures", "rule_timeouts", "no_stop_word",
                 "invalid_items")
 
@@ -161,7 +162,7 @@ class Router:
                 rewards[i] = -1.0
                 counters["no_stop_word"] += 1
                 continue
-            tasks.append(RuleTask(s.rule_mode, text, item.gold_answer, s.rule_timeout_s))
+            tasks.append(RuleTask(RULE_CHECKS[s.rule_mode], text, item.gold_answer, s.rule_timeout_s))
             owners.append(i)
         return tasks, owners
 
@@ -197,6 +198,10 @@ class Router:
                 f"sample data_source {item.data_source!r} has no judger in data_judger_mapping"
                 f" (have: {sorted(self._route)})"
             ) from None
+
+    def live_workers(self) -> int:
+        """Rule-check worker processes alive now (a per-step health counter; 0 before the first check)."""
+        return self._pool.live_workers()
 
     def close(self) -> None:
         """Stop the worker processes and verifier threads."""

@@ -60,7 +60,10 @@ class MathJudgerSettings:
     concurrency_per_proc: tuple[int, int] = (8, 8)
     rule_mode: str = "official"  # "official": reference 10.4 verdicts; "strict": correct checker
     rule_only: bool = False  # never call a server: a rule miss is -1
-    rule_timeout_s: float = 10.0  # per-sample rule-check time limit; over it = failed check
+    # per-sample rule-check limit in CPU seconds the check itself uses (not wall time, so machine
+    # load does not change verdicts); over it = failed check. A worker that does not answer within
+    # max(10 x this, 60 s) of wall time is treated the same way (pool.wall_backstop_s).
+    rule_timeout_s: float = 10.0
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 120.0
     max_retries: int = 3  # attempts per verifier call (the official made 1)

@@ -1,30 +1,50 @@
-"""The decoder trunk's elementwise ops for inference, one Triton kernel each: RMSNorm, rotary
-embedding and the SwiGLU activation.
+"""The decoder trunk's elementwise ops for inference, one Triton kernel each: RMSNorm (with the
+residual add before it), rotary embedding (alone, or on a packed q|k|v row with the KV-cache
+write) and the SwiGLU activation.
 
-Eager, each of these is a chain of small kernels (RMSNorm: cast, square, mean, add, rsqrt,
-multiply, cast, multiply; rope: two table casts, negate, concatenate, two multiplies, add; SwiGLU:
-silu, multiply), about 30 per layer. In a decode step of a 0.5B model at batch 256 each of them
-moves a few hundred KB and costs a launch-sized slot of GPU time (~2-3 us on an H200), so together
-they take more GPU time than the layer's matmuls. Here each op is one pass over its rows.
+Eager, each of these is a chain of small kernels (residual add; RMSNorm: cast, square, mean, add,
+rsqrt, multiply, cast, multiply; rope: table gather, two table casts, negate, concatenate, two
+multiplies, add, per q and k; K/V cache write: two index copies; SwiGLU: silu, multiply), about 35
+per layer. In a decode step of a 0.5B model each of them moves a few hundred KB at most and costs
+a launch-sized slot of GPU time (~2-3 us on an H200), so together they take more GPU time than the
+layer's matmuls. Here each op is one pass over its rows.
 
 The math, as the eager twins compute it (transformers' Llama/Qwen2 op for op, every
 intermediate rounded to the activation dtype where transformers rounds it):
 
-    rms_norm(x, w, eps)     = w * (x32 * rsqrt(mean(x32^2, -1) + eps)).to(dtype),  x32 = x.float()
-    apply_rope(x, cos, sin) = x * cos + cat(-x2, x1) * sin,   x = [x1 | x2] on the last dim,
-                              cos and sin cast to x's dtype first
-    silu_mul(g, u)          = silu(g) * u
+    rms_norm(x, w, eps)          = w * (x32 * rsqrt(mean(x32^2, -1) + eps)).to(dtype),  x32 = x.float()
+    add_rms_norm(x, r, w, eps)   = (rms_norm(r + x, w, eps), r + x)     # r + x rounded to dtype, as
+                                   # the eager residual add `x = x + attn_out` rounds it; r None: (rms_norm(x), x)
+    apply_rope(x, cos, sin)      = x * cos + cat(-x2, x1) * sin,   x = [x1 | x2] on the last dim,
+                                   cos and sin cast to x's dtype first
+    rope_write_kv(qkv, positions, rope, k_cache, v_cache, slots):
+        q, k, v = qkv.split([Hq D, Hkv D, Hkv D], -1)                  # one GEMM's output row
+        cos, sin = rope[positions, 0], rope[positions, 1]
+        k_cache.view(-1, Hkv, D)[slots] = apply_rope(k, cos, sin)      # slot = block * block_size + offset
+        v_cache.view(-1, Hkv, D)[slots] = v
+        return apply_rope(q, cos, sin)                                 # [T, Hq, D]
+    silu_mul(g, u)               = silu(g) * u    (g, u may be the two halves of one gate|up row)
 
 The kernels load in fp32, round where the eager ops round, and store in the input dtype, so they
 equal the twins up to the fp32 rounding of the RMSNorm sum and of exp, and (rope, on the GPU) a
 product and sum the compiler contracts into one fused multiply-add: one bf16 ulp here and there.
+The residual sum is exact to the twin: fp32 sum of two dtype values, rounded once.
 
-Budget: one read of each input and one write of the output; no workspace; no host sync, so a CUDA
-graph captures them. RMSNorm: one program per row (H <= 16384 in one block). Rope: one program per
-token, all its heads. SwiGLU: flat blocks of 1024 elements.
+Budget: one read of each input and one write of each output; no workspace; no host sync, so a
+CUDA graph captures them. RMSNorm: one program per row (H <= 16384 in one block), the residual
+read and written in the same pass. Rope: one program per token, all its heads (rope_write_kv:
+the q, k and v heads of the token; it reads 2 D fp32 of the table at the token's position).
+SwiGLU: programs of 1024 elements of one row.
 
-Forward only, no autograd: the rollout engine's weight copy uses them (`Decoder(...,
-trunk_ops=INFERENCE_OPS)`); the trained models keep the eager ops of `oreal_fast.model.decoder`,
+Limits: rope_write_kv does not check that positions are inside the table or slots inside the
+pool (a check would be a device-side assert, i.e. extra kernels on the decode hot path): the
+caller guarantees them, as the eager twin's indexing would fail otherwise. Several tokens may
+name one slot (a CUDA graph's padding rows all write the null block's slot 0); which of them
+lands is unspecified.
+
+Forward only, no autograd: the rollout engine's copy uses them (`oreal_fast.rollout.engine.
+inference_model`), and `INFERENCE_OPS` offers rms_norm, apply_rope and silu_mul as a
+`Decoder`'s `trunk_ops`; the trained models keep the eager ops of `oreal_fast.model.decoder`,
 whose backward autograd derives. The twins here are those eager ops with the kernels' signature.
 On CPU the Triton path runs only under TRITON_INTERPRET=1.
 """
@@ -44,15 +64,46 @@ _SILU_BLOCK = 1024
 # ---------------------------------------------------------------------------------- RMSNorm
 
 @triton.jit
-def _rms_norm_kernel(X_ptr, W_ptr, Out_ptr, H, stride_x, stride_out, eps, BLOCK: tl.constexpr):
+def _add_rms_norm_kernel(X_ptr, R_ptr, W_ptr, Out_ptr, ROut_ptr, H, stride_x, stride_r, stride_out, eps,
+                         HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < H
+    dtype = Out_ptr.dtype.element_ty
     x = tl.load(X_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(R_ptr + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
+        # the residual stream lives in the activation dtype: the sum is rounded before the norm reads it
+        x = (r + x).to(dtype)
+        tl.store(ROut_ptr + row * H + offs, x, mask=mask)
+        x = x.to(tl.float32)
     w = tl.load(W_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, 0) / H + eps)
-    normed = (x * rstd).to(Out_ptr.dtype.element_ty).to(tl.float32)  # rounded before the weight
-    tl.store(Out_ptr + row * stride_out + offs, (w * normed).to(Out_ptr.dtype.element_ty), mask=mask)
+    normed = (x * rstd).to(dtype).to(tl.float32)  # rounded before the weight
+    tl.store(Out_ptr + row * stride_out + offs, (w * normed).to(dtype), mask=mask)
+
+
+def _check_norm(name: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor) -> None:
+    if x.dim() != 2 or x.stride(1) != 1 or weight.shape != (x.shape[1],) or weight.dtype != x.dtype:
+        raise ValueError(f"{name}: x must be [T, H] with a contiguous last dim and weight [H] of x's dtype; got "
+                         f"x {tuple(x.shape)} {x.dtype} strides {x.stride()}, weight {tuple(weight.shape)} "
+                         f"{weight.dtype}")
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(1) != 1):
+        raise ValueError(f"{name}: residual must be [T, H] = {tuple(x.shape)} in {x.dtype} with a contiguous "
+                         f"last dim; got {tuple(residual.shape)} {residual.dtype} strides {residual.stride()}")
+
+
+def _launch_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    T, H = x.shape
+    out = torch.empty((T, H), dtype=x.dtype, device=x.device)
+    r_out = x if residual is None else torch.empty((T, H), dtype=x.dtype, device=x.device)
+    if T:
+        r = x if residual is None else residual  # a placeholder pointer without a residual
+        _add_rms_norm_kernel[(T,)](x, r, weight, out, r_out, H, x.stride(0), r.stride(0), out.stride(0), eps,
+                                   HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(H),
+                                   num_warps=4)
+    return out, r_out
 
 
 def rms_norm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float, *, impl: str = "eager") -> torch.Tensor:
@@ -65,28 +116,73 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, impl: str = "
 
     Args:
         x: [T, H] bf16/fp16/fp32, last dim contiguous.
-        weight: [H], same dtype.
+        weight: [H], x's dtype.
         eps: added to the mean square.
         impl: "triton" (on CPU only under TRITON_INTERPRET=1) or "eager".
 
     Returns:
-        [T, H] in x's dtype.
+        [T, H] in x's dtype, contiguous.
     """
     _check_impl(impl, "rms_norm")
     if impl == "eager":
         return rms_norm_eager(x, weight, eps)
-    if x.dim() != 2 or x.stride(1) != 1 or weight.shape != (x.shape[1],):
-        raise ValueError(f"rms_norm: x must be [T, H] with a contiguous last dim and weight [H]; got "
-                         f"x {tuple(x.shape)} strides {x.stride()}, weight {tuple(weight.shape)}")
-    T, H = x.shape
-    out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    if T:
-        _rms_norm_kernel[(T,)](x, weight, out, H, x.stride(0), out.stride(0), eps,
-                               BLOCK=triton.next_power_of_2(H), num_warps=4)
-    return out
+    _check_norm("rms_norm", x, None, weight)
+    return _launch_norm(x, None, weight, eps)[0]
+
+
+def add_rms_norm_eager(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                       *, impl: str = "eager") -> tuple[torch.Tensor, torch.Tensor]:
+    """The eager twin (same arguments and results as `add_rms_norm`): the decoder's residual add,
+    then its RMSNorm."""
+    if residual is not None:
+        x = residual + x
+    return model.rms_norm(x, weight, eps), x
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                 *, impl: str = "triton") -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add and the RMSNorm after it, in one pass: the updated residual stream and its norm.
+
+    Args:
+        x: [T, H] bf16/fp16/fp32, last dim contiguous: a sublayer's output (or the embeddings).
+        residual: [T, H] in x's dtype, last dim contiguous, or None (the first norm of the first
+            layer: nothing to add).
+        weight: [H], x's dtype.
+        eps: added to the mean square.
+        impl: "triton" (on CPU only under TRITON_INTERPRET=1) or "eager".
+
+    Returns:
+        normed: [T, H] rms_norm(residual + x), contiguous.
+        residual: [T, H] residual + x rounded to x's dtype, contiguous (x itself when residual is None).
+    """
+    _check_impl(impl, "add_rms_norm")
+    if impl == "eager":
+        return add_rms_norm_eager(x, residual, weight, eps)
+    _check_norm("add_rms_norm", x, residual, weight)
+    return _launch_norm(x, residual, weight, eps)
 
 
 # ---------------------------------------------------------------------------------- rope
+
+@triton.jit
+def _rope_heads(Src_ptr, Dst_ptr, Cos_ptr, Sin_ptr, d, mask, HALF: tl.constexpr):
+    """Rope of a token's heads at Src_ptr (+ d on the last dim, [heads, BLOCK_D] tiles), stored
+    at Dst_ptr in the same layout; Cos_ptr, Sin_ptr: the token's fp32 table rows."""
+    dtype = Dst_ptr.dtype.element_ty
+    in_d = d < HALF
+    # the tables are fp32; eager casts them to the activation dtype before multiplying
+    cos1 = tl.load(Cos_ptr + d, mask=in_d, other=0.0).to(dtype).to(tl.float32)
+    cos2 = tl.load(Cos_ptr + HALF + d, mask=in_d, other=0.0).to(dtype).to(tl.float32)
+    sin1 = tl.load(Sin_ptr + d, mask=in_d, other=0.0).to(dtype).to(tl.float32)
+    sin2 = tl.load(Sin_ptr + HALF + d, mask=in_d, other=0.0).to(dtype).to(tl.float32)
+    x1 = tl.load(Src_ptr + d, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(Src_ptr + HALF + d, mask=mask, other=0.0).to(tl.float32)
+    # each product rounded, then the sum, as three eager ops in the activation dtype round
+    out1 = (x1 * cos1).to(dtype).to(tl.float32) + (-x2 * sin1).to(dtype).to(tl.float32)
+    out2 = (x2 * cos2).to(dtype).to(tl.float32) + (x1 * sin2).to(dtype).to(tl.float32)
+    tl.store(Dst_ptr + d, out1.to(dtype), mask=mask)
+    tl.store(Dst_ptr + HALF + d, out2.to(dtype), mask=mask)
+
 
 @triton.jit
 def _rope_kernel(X_ptr, Cos_ptr, Sin_ptr, Out_ptr, heads, stride_xt, stride_xh, stride_ct, stride_st,
@@ -94,23 +190,34 @@ def _rope_kernel(X_ptr, Cos_ptr, Sin_ptr, Out_ptr, heads, stride_xt, stride_xh, 
     t = tl.program_id(0).to(tl.int64)
     h = tl.arange(0, BLOCK_H)[:, None]
     d = tl.arange(0, BLOCK_D)[None, :]
-    in_d = d < HALF
-    mask = (h < heads) & in_d
-    dtype = Out_ptr.dtype.element_ty
-    # the tables are fp32; eager casts them to the activation dtype before multiplying
-    cos1 = tl.load(Cos_ptr + t * stride_ct + d, mask=in_d, other=0.0).to(dtype).to(tl.float32)
-    cos2 = tl.load(Cos_ptr + t * stride_ct + HALF + d, mask=in_d, other=0.0).to(dtype).to(tl.float32)
-    sin1 = tl.load(Sin_ptr + t * stride_st + d, mask=in_d, other=0.0).to(dtype).to(tl.float32)
-    sin2 = tl.load(Sin_ptr + t * stride_st + HALF + d, mask=in_d, other=0.0).to(dtype).to(tl.float32)
-    row = X_ptr + t * stride_xt + h * stride_xh
-    x1 = tl.load(row + d, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(row + HALF + d, mask=mask, other=0.0).to(tl.float32)
-    # each product rounded, then the sum, as three eager bf16 ops round
-    out1 = (x1 * cos1).to(dtype).to(tl.float32) + (-x2 * sin1).to(dtype).to(tl.float32)
-    out2 = (x2 * cos2).to(dtype).to(tl.float32) + (x1 * sin2).to(dtype).to(tl.float32)
-    dst = Out_ptr + t * heads * 2 * HALF + h * 2 * HALF
-    tl.store(dst + d, out1.to(dtype), mask=mask)
-    tl.store(dst + HALF + d, out2.to(dtype), mask=mask)
+    _rope_heads(X_ptr + t * stride_xt + h * stride_xh, Out_ptr + (t * heads + h) * 2 * HALF,
+                Cos_ptr + t * stride_ct, Sin_ptr + t * stride_st, d, (h < heads) & (d < HALF), HALF)
+
+
+@triton.jit
+def _rope_write_kv_kernel(QKV_ptr, Pos_ptr, Rope_ptr, Slot_ptr, Q_ptr, K_ptr, V_ptr,
+                          stride_qkv, stride_rope_pos, stride_rope_cs, stride_k_slot, stride_k_head,
+                          stride_v_slot, stride_v_head,
+                          HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr,
+                          BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_D: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(Pos_ptr + t).to(tl.int64)
+    # int64: slot * stride exceeds int32 in a pool of more than 2^31 elements
+    slot = tl.load(Slot_ptr + t).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)[None, :]
+    cos_row = Rope_ptr + pos * stride_rope_pos
+    sin_row = cos_row + stride_rope_cs
+    row = QKV_ptr + t * stride_qkv  # [q heads | k heads | v heads], each head 2 * HALF wide
+    hq = tl.arange(0, BLOCK_HQ)[:, None]
+    _rope_heads(row + hq * 2 * HALF, Q_ptr + (t * HQ + hq) * 2 * HALF, cos_row, sin_row, d,
+                (hq < HQ) & (d < HALF), HALF)
+    hk = tl.arange(0, BLOCK_HKV)[:, None]
+    _rope_heads(row + (HQ + hk) * 2 * HALF, K_ptr + slot * stride_k_slot + hk * stride_k_head, cos_row, sin_row,
+                d, (hk < HKV) & (d < HALF), HALF)
+    dv = tl.arange(0, 2 * BLOCK_D)[None, :]
+    v_mask = (hk < HKV) & (dv < 2 * HALF)
+    v = tl.load(row + (HQ + HKV + hk) * 2 * HALF + dv, mask=v_mask, other=0.0)
+    tl.store(V_ptr + slot * stride_v_slot + hk * stride_v_head + dv, v, mask=v_mask)
 
 
 def apply_rope_eager(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, impl: str = "eager") -> torch.Tensor:
@@ -144,17 +251,95 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, impl: s
     return out
 
 
+def _check_rope_write_kv(qkv: torch.Tensor, positions: torch.Tensor, rope: torch.Tensor, k_cache: torch.Tensor,
+                         v_cache: torch.Tensor, slots: torch.Tensor) -> int:
+    """Validates the arguments of `rope_write_kv`; returns the number of query heads."""
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"rope_write_kv: k_cache and v_cache must share one [num_blocks, block_size, Hkv, D] "
+                         f"shape; got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    _, block_size, Hkv, D = k_cache.shape
+    width = qkv.shape[-1] if qkv.dim() == 2 else -1
+    if qkv.dim() != 2 or qkv.stride(1) != 1 or width % D or width // D <= 2 * Hkv or D % 2:
+        raise ValueError(f"rope_write_kv: qkv must be [T, (Hq + 2 Hkv) D] with Hq >= 1, Hkv = {Hkv}, an even "
+                         f"D = {D} and a contiguous last dim; got {tuple(qkv.shape)} strides {qkv.stride()}")
+    if not qkv.dtype == k_cache.dtype == v_cache.dtype:
+        raise TypeError(f"rope_write_kv: the KV pool holds {k_cache.dtype} / {v_cache.dtype} but qkv is {qkv.dtype}")
+    T = qkv.shape[0]
+    for name, t in (("positions", positions), ("slots", slots)):
+        if t.shape != (T,) or t.dtype != torch.int64:
+            raise ValueError(f"rope_write_kv: {name} must be [T={T}] int64; got {tuple(t.shape)} {t.dtype}")
+    if rope.dim() != 3 or rope.shape[1:] != (2, D) or rope.dtype != torch.float32 or rope.stride(2) != 1:
+        raise ValueError(f"rope_write_kv: rope must be the [P, 2, D={D}] fp32 table with a contiguous last dim; "
+                         f"got {tuple(rope.shape)} {rope.dtype}")
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        # slots index blocks and offsets as one flat dim: block rows must follow each other
+        if c.stride(3) != 1 or c.stride(0) != block_size * c.stride(1):
+            raise ValueError(f"rope_write_kv: {name} must have a contiguous last dim and blocks of "
+                             f"block_size slots back to back; got strides {c.stride()}")
+    if len({t.device for t in (qkv, positions, rope, k_cache, v_cache, slots)}) != 1:
+        raise ValueError("rope_write_kv: all inputs must be on one device")
+    return width // D - 2 * Hkv
+
+
+def rope_write_kv_eager(qkv: torch.Tensor, positions: torch.Tensor, rope: torch.Tensor, k_cache: torch.Tensor,
+                        v_cache: torch.Tensor, slots: torch.Tensor, *, impl: str = "eager") -> torch.Tensor:
+    """The eager twin (same arguments, writes and result as `rope_write_kv`): the model's rope on
+    the split q, k, v, and two index copies into the pool."""
+    Hq = _check_rope_write_kv(qkv, positions, rope, k_cache, v_cache, slots)
+    T, (_, _, Hkv, D) = qkv.shape[0], k_cache.shape
+    q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=-1)
+    cos_sin = rope[positions]  # (T, 2, D) fp32
+    cos, sin = cos_sin[:, :1], cos_sin[:, 1:]  # (T, 1, D) each
+    k_cache.view(-1, Hkv, D).index_copy_(0, slots, model.apply_rope(k.view(T, Hkv, D), cos, sin))
+    v_cache.view(-1, Hkv, D).index_copy_(0, slots, v.view(T, Hkv, D))
+    return model.apply_rope(q.view(T, Hq, D), cos, sin)
+
+
+def rope_write_kv(qkv: torch.Tensor, positions: torch.Tensor, rope: torch.Tensor, k_cache: torch.Tensor,
+                  v_cache: torch.Tensor, slots: torch.Tensor, *, impl: str = "triton") -> torch.Tensor:
+    """Rope q and k of a packed q|k|v projection, write k and v into a paged KV pool, return q.
+
+    Args:
+        qkv: [T, (Hq + 2 Hkv) D] bf16/fp16/fp32, last dim contiguous: per token its Hq query
+            heads, then Hkv key heads, then Hkv value heads, un-roped (one GEMM's output).
+        positions: [T] int64, each token's position, in [0, P).
+        rope: [P, 2, D] fp32 cos and sin per position (`decoder.rope_table`).
+        k_cache, v_cache: [num_blocks, block_size, Hkv, D] in qkv's dtype: one layer's pools,
+            written in place at the slots.
+        slots: [T] int64 pool slot (block * block_size + offset) of each token, in range.
+        impl: "triton" (on CPU only under TRITON_INTERPRET=1) or "eager".
+
+    Returns:
+        q: [T, Hq, D] roped queries in qkv's dtype, contiguous.
+    """
+    _check_impl(impl, "rope_write_kv")
+    if impl == "eager":
+        return rope_write_kv_eager(qkv, positions, rope, k_cache, v_cache, slots)
+    Hq = _check_rope_write_kv(qkv, positions, rope, k_cache, v_cache, slots)
+    T, (_, _, Hkv, D) = qkv.shape[0], k_cache.shape
+    q = torch.empty((T, Hq, D), dtype=qkv.dtype, device=qkv.device)
+    if T:
+        _rope_write_kv_kernel[(T,)](
+            qkv, positions, rope, slots, q, k_cache, v_cache,
+            qkv.stride(0), rope.stride(0), rope.stride(1), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(1), v_cache.stride(2),
+            HQ=Hq, HKV=Hkv, HALF=D // 2, BLOCK_HQ=triton.next_power_of_2(Hq),
+            BLOCK_HKV=triton.next_power_of_2(Hkv), BLOCK_D=triton.next_power_of_2(D // 2), num_warps=4)
+    return q
+
+
 # ---------------------------------------------------------------------------------- SwiGLU
 
 @triton.jit
-def _silu_mul_kernel(G_ptr, U_ptr, Out_ptr, N, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+def _silu_mul_kernel(G_ptr, U_ptr, Out_ptr, N, stride_g, stride_u, stride_out, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
     dtype = Out_ptr.dtype.element_ty
-    g = tl.load(G_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(U_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(G_ptr + row * stride_g + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(U_ptr + row * stride_u + offs, mask=mask, other=0.0).to(tl.float32)
     silu = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)  # eager rounds silu's output
-    tl.store(Out_ptr + offs, (silu * u).to(dtype), mask=mask)
+    tl.store(Out_ptr + row * stride_out + offs, (silu * u).to(dtype), mask=mask)
 
 
 def silu_mul_eager(gate: torch.Tensor, up: torch.Tensor, *, impl: str = "eager") -> torch.Tensor:
@@ -166,22 +351,25 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, impl: str = "triton") -> t
     """silu(gate) * up, elementwise.
 
     Args:
-        gate, up: the same shape and dtype, contiguous.
+        gate, up: [T, N], one shape and dtype, last dims contiguous; rows may be strided, so the
+            two halves of one packed gate|up output (`gu[:, :N]`, `gu[:, N:]`) go in as they are.
         impl: "triton" (on CPU only under TRITON_INTERPRET=1) or "eager".
 
     Returns:
-        a tensor of their shape and dtype.
+        [T, N] in their dtype, contiguous.
     """
     _check_impl(impl, "silu_mul")
     if impl == "eager":
         return silu_mul_eager(gate, up)
-    if gate.shape != up.shape or not (gate.is_contiguous() and up.is_contiguous()):
-        raise ValueError(f"silu_mul: gate and up must be contiguous and of one shape; got "
-                         f"{tuple(gate.shape)} and {tuple(up.shape)}")
-    out = torch.empty_like(gate)
-    N = gate.numel()
-    if N:
-        _silu_mul_kernel[(triton.cdiv(N, _SILU_BLOCK),)](gate, up, out, N, BLOCK=_SILU_BLOCK, num_warps=4)
+    if gate.dim() != 2 or gate.shape != up.shape or gate.dtype != up.dtype or gate.stride(1) != 1 or up.stride(1) != 1:
+        raise ValueError(f"silu_mul: gate and up must be [T, N] of one shape and dtype with contiguous last dims; "
+                         f"got {tuple(gate.shape)} {gate.dtype} strides {gate.stride()} and {tuple(up.shape)} "
+                         f"{up.dtype} strides {up.stride()}")
+    T, N = gate.shape
+    out = torch.empty((T, N), dtype=gate.dtype, device=gate.device)
+    if T and N:
+        _silu_mul_kernel[(T, triton.cdiv(N, _SILU_BLOCK))](gate, up, out, N, gate.stride(0), up.stride(0),
+                                                           out.stride(0), BLOCK=_SILU_BLOCK, num_warps=4)
     return out
 
 
@@ -190,5 +378,5 @@ def _check_impl(impl: str, name: str) -> None:
         raise ValueError(f"{name}: impl must be one of {IMPLS}, got {impl!r}")
 
 
-# One Triton kernel per op, forward only: the rollout engine's weight copy on CUDA.
+# One Triton kernel per op, forward only, for a `Decoder` that does not train (trunk_ops).
 INFERENCE_OPS = model.TrunkOps(rms_norm, apply_rope, silu_mul)

@@ -18,8 +18,9 @@ picked at construction for the *compute* dtype (`compute_dtype`, default the par
 
 Elementwise ops (RMSNorm, rope, SwiGLU) come from `TrunkOps`: the eager, differentiable forms
 below by default (`EAGER_OPS`); a caller may pass fused kernels of the same math (the rollout
-engine's copy passes `oreal_fast.kernels.trunk_inference.INFERENCE_OPS`). This module imports no
-Triton; the kernel files take the eager forms here as their oracle.
+engine's copy passes `oreal_fast.kernels.trunk_inference.INFERENCE_OPS`, the trained models on CUDA
+`oreal_fast.kernels.trunk_train.TRAIN_OPS`, which have a backward). This module imports no Triton;
+the kernel files take the eager forms here as their oracle.
 
 Not here: HF name mapping and file I/O (`hf_io.py`), attention kernels (`attention.py`).
 Invariant: numerics follow transformers' Llama/Qwen2 modules op for op (fp32 RMSNorm statistics,
@@ -154,11 +155,25 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class TrunkOps:
-    """The elementwise ops of the trunk, each with the signature of the eager form above."""
+    """The elementwise ops of the trunk, each with the signature of the eager form above.
+
+    ``add_rms_norm(x, delta, weight, eps) -> (rms_norm(x + delta), x + delta)`` is the residual add
+    fused with the norm after it; None means the add, then ``rms_norm`` (what `add_norm` does).
+    """
 
     rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
     apply_rope: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # x [T, heads, D], cos, sin
     silu_mul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    add_rms_norm: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float],
+                           tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def add_norm(self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rms_norm(x + delta), x + delta), fused when the ops have a fused form."""
+        if self.add_rms_norm is not None:
+            return self.add_rms_norm(x, delta, weight, eps)
+        x = x + delta
+        return self.rms_norm(x, weight, eps), x
 
 
 # Eager ops, differentiable: training and every model autograd sees.
@@ -234,8 +249,9 @@ class Block(nn.Module):
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor,
         max_seqlen: int, cache: AttentionCache | None,
     ) -> torch.Tensor:
-        x = x + self.attn(self.ops.rms_norm(x, self.attn_norm, self.eps), cos, sin, cu_seqlens, max_seqlen, cache)
-        return x + self.mlp(self.ops.rms_norm(x, self.mlp_norm, self.eps))
+        h = self.attn(self.ops.rms_norm(x, self.attn_norm, self.eps), cos, sin, cu_seqlens, max_seqlen, cache)
+        normed, x = self.ops.add_norm(x, h, self.mlp_norm, self.eps)  # the residual add and the MLP's norm
+        return x + self.mlp(normed)
 
 
 class Decoder(nn.Module):
@@ -313,8 +329,8 @@ class Decoder(nn.Module):
             head: applied to (hidden [T, H], lm_head_weight [V, H]) inside this forward.
 
         Returns:
-            hidden: [T, H] in the parameter dtype (fp32 masters under autocast stay fp32), or
-            whatever `head` returns.
+            hidden: [T, H] in the parameter dtype (fp32 masters under autocast stay fp32; ops
+            whose norm stores the autocast dtype, as `TRAIN_OPS`, give that), or whatever `head` returns.
         """
         x = self.embed(input_ids)  # (T, H)
         cos_sin = self.rope_table()[positions]  # (T, 2, D) fp32

@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 
 from oreal_fast.model.attention import resolve_backend_name
 from oreal_fast.package_refs import is_package_ref, resolve_package_ref
-from oreal_fast.model.decoder import ROPE_TYPES, Decoder, DecoderConfig, TokenRewardModel
+from oreal_fast.model.decoder import EAGER_OPS, ROPE_TYPES, Decoder, DecoderConfig, TokenRewardModel, TrunkOps
 
 # HF key -> our key. Keys mapped to None are known and dropped.
 FROM_HF: dict[str, str | None] = {
@@ -220,17 +220,17 @@ def _load_hf_state(ref: str):
 def decoder_from_hf(
     hf_config, hf_state: dict[str, torch.Tensor], *, dtype: torch.dtype, device: torch.device | str,
     attn_backend: str = "auto", with_lm_head: bool = True, source: str = "checkpoint",
-    compute_dtype: torch.dtype | None = None,
+    compute_dtype: torch.dtype | None = None, trunk_ops: TrunkOps = EAGER_OPS,
 ) -> Decoder:
     """Build our Decoder from a transformers config and an HF-named state dict (e.g. `hf_model.state_dict()`).
 
     `source` names the checkpoint in error messages; `compute_dtype` (default `dtype`) picks the
-    attention backend.
+    attention backend; `trunk_ops` are the Decoder's elementwise ops.
     """
     config = config_from_hf(hf_config)
     backend = resolve_backend_name(attn_backend, device, compute_dtype or dtype)
     model = Decoder(config, attn_backend=backend, with_lm_head=with_lm_head, device="meta", dtype=dtype,
-                    compute_dtype=compute_dtype)
+                    compute_dtype=compute_dtype, trunk_ops=trunk_ops)
     state = _convert(hf_state, model, FROM_HF, source)
     model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()}, assign=True)
     return model
@@ -238,7 +238,7 @@ def decoder_from_hf(
 
 def load_decoder(
     ref: str, *, dtype: torch.dtype, device: torch.device | str, attn_backend: str = "auto",
-    with_lm_head: bool = True, compute_dtype: torch.dtype | None = None,
+    with_lm_head: bool = True, compute_dtype: torch.dtype | None = None, trunk_ops: TrunkOps = EAGER_OPS,
 ) -> Decoder:
     """Load a Llama/Qwen2 checkpoint into our Decoder.
 
@@ -250,6 +250,8 @@ def load_decoder(
         with_lm_head: False drops an untied LM head (reward-model backbones).
         compute_dtype: the dtype forwards compute in (autocast), default `dtype`; it picks the
             attention backend.
+        trunk_ops: the elementwise ops of the trunk (default the eager ones; the trainer passes
+            `oreal_fast.kernels.trunk_train.TRAIN_OPS` on CUDA).
 
     Returns:
         The Decoder (in training mode, as any new nn.Module).
@@ -257,17 +259,17 @@ def load_decoder(
     hf_config, hf_state = _load_hf_state(ref)
     return decoder_from_hf(
         hf_config, hf_state, dtype=dtype, device=device, attn_backend=attn_backend,
-        with_lm_head=with_lm_head, source=ref, compute_dtype=compute_dtype,
+        with_lm_head=with_lm_head, source=ref, compute_dtype=compute_dtype, trunk_ops=trunk_ops,
     )
 
 
 def load_token_rm(
     ref: str, *, dtype: torch.dtype, device: torch.device | str, attn_backend: str = "auto",
-    compute_dtype: torch.dtype | None = None,
+    compute_dtype: torch.dtype | None = None, trunk_ops: TrunkOps = EAGER_OPS,
 ) -> TokenRewardModel:
     """Backbone from `ref` (its LM head dropped) plus a zero-initialised score head (reference Q1)."""
     backbone = load_decoder(ref, dtype=dtype, device=device, attn_backend=attn_backend, with_lm_head=False,
-                            compute_dtype=compute_dtype)
+                            compute_dtype=compute_dtype, trunk_ops=trunk_ops)
     return TokenRewardModel(backbone)
 
 

@@ -38,9 +38,9 @@ BAD_LINES = [
     ("[1, 2]", "expected a JSON object", None),
     (json.dumps({"gold_answer": "5", "pass_rate": 0.5}), "question", "missing"),
     (json.dumps({"question": "Q", "pass_rate": 0.5}), "gold_answer", "missing"),
-    (json.dumps({"question": "Q", "gold_answer": "5"}), "pass_rate", "missing"),
-    (json.dumps({**GOOD, "gold_answer": 5}), "gold_answer", "must be a string"),
-    (json.dumps({**GOOD, "gold_answer": None}), "gold_answer", "must be a string, got NoneType None"),
+    (json.dumps({**GOOD, "gold_answer": 5.0}), "gold_answer", "must be a string or an integer"),
+    (json.dumps({**GOOD, "gold_answer": True}), "gold_answer", "must be a string or an integer"),
+    (json.dumps({**GOOD, "gold_answer": None}), "gold_answer", "must be a string or an integer, got NoneType None"),
     (json.dumps({**GOOD, "gold_answer": " "}), "gold_answer", "empty"),
     (json.dumps({**GOOD, "question": None}), "question", "must be a string"),
     (json.dumps({**GOOD, "pass_rate": "0.5"}), "pass_rate", "must be a number"),
@@ -61,6 +61,20 @@ def test_bad_line_names_file_line_and_field(tmp_path, bad_line, field, why):
     assert field in message
     if why:
         assert why in message
+
+
+def test_pass_rate_is_optional_and_an_int_gold_answer_becomes_its_digits(tmp_path):
+    path = _write(tmp_path, [json.dumps({"question": "Q", "gold_answer": 204}),
+                             json.dumps({"question": "Q2", "gold_answer": "7", "pass_rate": None})])
+    assert load_prompt_records(path) == [PromptRecord("Q", "204", None), PromptRecord("Q2", "7", None)]
+
+
+def test_balancing_refuses_records_without_pass_rate_and_says_what_to_do():
+    records = [PromptRecord("q0", "1", 0.1), PromptRecord("What is 9 - 4?", "5")]
+    with pytest.raises(DataError, match=r"1 of 2 prompt records have no pass_rate \(first: 'What is 9 - 4\?'\)"
+                       r".*data_difficulty_balance_cfg = None"):
+        balance_by_difficulty(records, OFFICIAL_BUCKETS)
+    assert balance_by_difficulty(records, None) == records
 
 
 def test_missing_file_is_a_data_error(tmp_path):

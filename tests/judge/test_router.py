@@ -5,8 +5,10 @@ pool saw (requests the client gave up on, workers replaced, requests in flight).
 """
 
 import pytest
+from cpu_load import BusyMachine
 
 from oreal_fast.judge import JudgeItem, Router
+from oreal_fast.judge import router as router_module
 
 E = "<|im_end|>"
 FAST = {  # timeouts small enough for tests; every failure path still takes the real code path
@@ -186,3 +188,18 @@ def test_an_item_that_cannot_be_judged_costs_one_counted_failure_not_the_batch(s
         "rule_timeouts": 0, "no_stop_word": 0, "invalid_items": 5,
     }
     assert server.kinds() == ["A"]  # the bad items never reached the verifier
+
+
+
+def test_a_check_over_its_cpu_limit_on_a_busy_machine_scores_and_counts_as_a_timeout(monkeypatch):
+    # the official mode's workers run tests/judge/cpu_load.py's burn, which spends float(text) CPU seconds
+    monkeypatch.setitem(router_module.RULE_CHECKS, "official", "cpu_load:burn")
+    with Router({"math_judger": {"rule_only": True, "num_processes": 2, "rule_timeout_s": 1.0}}, MAPPING) as r:
+        r.judge([JudgeItem("Q", "0" + E, "x"), JudgeItem("Q", "0" + E, "x")])  # both workers up
+        with BusyMachine() as load:
+            out = r.judge([JudgeItem("Q", "0.5" + E, "x"), JudgeItem("Q", "600" + E, "x"),
+                           JudgeItem("Q", "0.5" + E, "x")])
+            load_cpu_s = load.cpu_seconds()
+    assert out.rewards == [1.0, -1.0, 1.0]
+    assert (out.counters["rule_confirmed"], out.counters["rule_timeouts"]) == (2, 1)
+    assert load_cpu_s > 0.5  # the load was real

@@ -34,13 +34,14 @@ def test_sampling_params_follow_the_config():
 
 @pytest.mark.parametrize("name, kind", [("auto", PlainSampler), ("plain", PlainSampler), ("paged", PagedEngine)])
 def test_engine_choice_on_cpu(ours, name, kind):
-    cfg = _cfg(rollout_engine=name, kv_cache_gib=0.001, kv_block_size=4)
+    cfg = _cfg(rollout_engine=name, kv_cache_gib=0.001, kv_block_size=4, decode_steps_per_round=3)
     rollout = build_rollout(cfg, ours, compute_dtype=torch.float32, num_sessions=6)
     assert type(rollout) is kind
     if kind is PlainSampler:
         assert rollout.max_batch_size == 6  # every session at once on CPU
     else:
         assert rollout.config.max_num_seqs == 6 and rollout.config.block_size == 4
+        assert rollout.config.decode_steps_per_round == 3
 
 
 def test_pool_too_small_names_its_key(ours):
@@ -65,7 +66,7 @@ def test_paged_engine_takes_new_weights(ours):
                            num_sessions=4)
     new = _perturbed(ours, seed=4)
     engine.sync_weights(iter(new.items()))
-    for name, t in engine.runner.model.state_dict().items():
+    for name, t in engine.runner.model.decoder_views().items():
         torch.testing.assert_close(t, new[name], rtol=0, atol=0)
     with pytest.raises(KeyError, match="not given"):
         engine.sync_weights(list(new.items())[1:])

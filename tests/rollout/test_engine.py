@@ -1,10 +1,14 @@
 """The paged engine against the plain sampler (greedy, token for token), its stop rule, preemption,
-prefix sharing, reproducibility and the sampled distribution of first tokens (chi-square)."""
+prefix sharing, reproducibility, its uniform stream and the sampled distribution of first tokens
+(chi-square); decode runs in rounds of several steps (`decode_steps_per_round`)."""
+
+import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from oreal_fast.kernels.sampling import sample_from_logits_eager
 from oreal_fast.rollout import EngineConfig, PagedEngine, PlainSampler, SamplingParams, filter_logits
 
 BASE = [[3, 17, 8, 40, 2], [9], [50, 1, 1, 33, 12, 7, 26, 5, 44], [21, 22]]
@@ -31,33 +35,51 @@ def assert_pool_empty(e):
     assert e.blocks.num_used == 0 and not any(e.blocks.ref_counts)
 
 
-@pytest.mark.parametrize("block_size, max_num_seqs", [(1, 16), (4, 16), (16, 16), (4, 3)])
-def test_greedy_equals_plain_sampler_token_for_token(models, block_size, max_num_seqs):
+def round_work(caps, steps_per_round):
+    """(rounds, wasted row steps) when every row decodes from the first step: a row with cap c
+    decodes c - 1 steps, and stays in the batch to the end of the round where it stops."""
+    total = max(caps) - 1
+    rounds = math.ceil(total / steps_per_round)
+    occupied = [min(math.ceil((c - 1) / steps_per_round) * steps_per_round, total) for c in caps]
+    return rounds, sum(occupied) - sum(c - 1 for c in caps)
+
+
+@pytest.mark.parametrize("block_size, max_num_seqs, steps_per_round",
+                         [(1, 16, 7), (4, 16, 1), (4, 16, 4), (16, 16, 16), (4, 3, 1), (4, 3, 5)])
+def test_greedy_equals_plain_sampler_token_for_token(models, block_size, max_num_seqs, steps_per_round):
     """max_num_seqs 3: samples are admitted while others decode, groups split over several prefills."""
     _, ours = models
     params = SamplingParams(max_new_tokens=20, max_length=64, do_sample=False)
     expected = PlainSampler(ours, max_batch_size=16).generate(PROMPTS, params, torch.Generator())
     caps = [20, 7, 20, 20, 3, 20, 11, 20, 20]  # sequences finish at different steps
     expected = [r[:c] for r, c in zip(expected, caps)]
-    e = engine(ours, block_size=block_size, blocks=4000 // block_size, max_prefill_batch=2, max_num_seqs=max_num_seqs)
+    e = engine(ours, block_size=block_size, blocks=4000 // block_size, max_prefill_batch=2, max_num_seqs=max_num_seqs,
+               decode_steps_per_round=steps_per_round)
     assert e.generate(PROMPTS, params, torch.Generator(), max_new_per_prompt=caps) == expected
-    assert e.stats()["generated_tokens"] == sum(caps)
+    stats = e.stats()
+    assert stats["generated_tokens"] == sum(caps)
     if max_num_seqs >= len(PROMPTS):  # all decode together: a row with cap c takes part in c - 1 steps
-        assert e.stats()["decode_steps"] == max(caps) - 1
-        assert e.stats()["mean_live_batch"] == pytest.approx((sum(caps) - len(caps)) / (max(caps) - 1))
+        assert stats["decode_steps"] == max(caps) - 1
+        assert stats["mean_live_batch"] == pytest.approx((sum(caps) - len(caps)) / (max(caps) - 1))
+        assert (stats["decode_rounds"], stats["wasted_row_steps"]) == round_work(caps, steps_per_round)
     else:
-        assert e.stats()["mean_live_batch"] <= max_num_seqs
+        assert stats["mean_live_batch"] <= max_num_seqs
+    assert (stats["wasted_row_steps"] == 0) == (steps_per_round == 1)
     assert_pool_empty(e)
 
 
-def test_stop_token_is_kept_and_ends_only_its_response(models):
+@pytest.mark.parametrize("steps_per_round", [1, 5])
+def test_stop_token_is_kept_and_ends_only_its_response(models, steps_per_round):
+    """With rounds of 5 steps the stop token comes inside a round: the row's later steps record nothing."""
     _, ours = models
     free = PlainSampler(ours, max_batch_size=4).generate(BASE, greedy(12), torch.Generator())
-    idx = next(i for i in range(3, 12) if free[0][i] not in free[0][:i])
+    idx = next(i for i in range(3, 12) if free[0][i] not in free[0][:i] and i % 5 != 0)
     stop = free[0][idx]
     expected = PlainSampler(ours, max_batch_size=4).generate(BASE, greedy(12, stop=(stop,)), torch.Generator())
-    got = engine(ours).generate(BASE, greedy(12, stop=(stop,)), torch.Generator())
+    e = engine(ours, decode_steps_per_round=steps_per_round)
+    got = e.generate(BASE, greedy(12, stop=(stop,)), torch.Generator())
     assert got == expected and got[0] == free[0][: idx + 1] and got[0][-1] == stop
+    assert_pool_empty(e)
 
 
 def test_max_new_tokens_and_max_length_cap_responses(models):
@@ -78,17 +100,23 @@ def test_first_token_can_end_a_response_at_prefill(models):
     assert got == expected and got[2] == [stop]
 
 
+@pytest.mark.parametrize("steps_per_round", [1, 4, 16])
 @pytest.mark.parametrize("static_shapes", [False, True], ids=["live_rows", "graph_shapes"])
-def test_tiny_pool_preempts_and_gives_the_big_pools_tokens(models, static_shapes):
+def test_tiny_pool_preempts_and_gives_the_big_pools_tokens(models, static_shapes, steps_per_round):
+    """Rows stop at different steps, so with rounds of several steps the pool runs out at round
+    boundaries while some rows are in the middle of their responses and others stopped mid-round."""
     _, ours = models
-    big = engine(ours, blocks=400)
-    expected = big.generate(PROMPTS, greedy(30), torch.Generator())
+    caps = [30, 9, 30, 30, 5, 30, 17, 30, 30]
+    big = engine(ours, blocks=400, decode_steps_per_round=1)
+    expected = big.generate(PROMPTS, greedy(30), torch.Generator(), max_new_per_prompt=caps)
     assert big.stats()["preemptions"] == 0
-    tiny = engine(ours, blocks=18)  # 16 blocks of 4 hold one 64-token sequence, barely more
+    tiny = engine(ours, blocks=18, decode_steps_per_round=steps_per_round)  # 16 blocks of 4 hold one 64-token sequence
     tiny.runner.static_shapes = static_shapes  # graph shapes: padding rows after preemptions write the null block
-    assert tiny.generate(PROMPTS, greedy(30), torch.Generator()) == expected
-    assert tiny.stats()["preemptions"] > 0 and tiny.stats()["recomputed_tokens"] > 0
-    assert tiny.stats()["peak_kv_use"] == 1.0
+    assert tiny.generate(PROMPTS, greedy(30), torch.Generator(), max_new_per_prompt=caps) == expected
+    stats = tiny.stats()
+    assert stats["preemptions"] > 0 and stats["recomputed_tokens"] > 0
+    assert stats["peak_kv_use"] == 1.0
+    assert stats["decode_rounds"] < stats["decode_steps"] or steps_per_round == 1
     assert_pool_empty(tiny)
 
 
@@ -130,6 +158,34 @@ def test_sampled_runs_are_reproducible_from_the_seed(models):
     assert first == a and resumed == straight and straight != first
     # the three samples of prompt 0 are independent draws, not copies of one
     assert len({tuple(r) for r in a[:3]}) > 1
+
+
+def test_a_round_draws_one_uniform_per_row_and_step_in_one_call(models):
+    """The documented stream: the prefill draws rand(4) for the four first tokens, each round of
+    4 steps rand(4 steps, 4 rows), [j, r] feeding row r at step j. Each token must be the eager
+    sampler's draw, with that uniform, from the fp32 logits of the response so far."""
+    _, ours = models
+    params = SamplingParams(max_new_tokens=9, max_length=64, top_k=20, top_p=0.9, temperature=0.8)
+    e = engine(ours, decode_steps_per_round=4)
+    got = e.generate(BASE, params, torch.Generator().manual_seed(5))
+    assert e.stats()["decode_rounds"] == 2 and [len(r) for r in got] == [9] * 4
+    g = torch.Generator().manual_seed(5)
+    first = torch.rand(4, generator=g)
+    rounds = torch.cat([torch.rand(4, 4, generator=g), torch.rand(4, 4, generator=g)])  # (8 steps, 4 rows)
+    uniform = torch.cat([first[None], rounds])  # (9 tokens, 4 rows)
+    for r, (prompt, response) in enumerate(zip(BASE, got)):
+        ids = torch.tensor(prompt + response)
+        P, T = len(prompt), len(ids)
+        with torch.no_grad():
+            logits = ours(ids, torch.arange(T), torch.tensor([0, T], dtype=torch.int32), T,
+                          head=lambda h, w: F.linear(h[P - 1 : T - 1], w))  # (9, V) fp32
+        expected = sample_from_logits_eager(logits, uniform[:, r], temperature=0.8, top_k=20, top_p=0.9)
+        assert response == expected.tolist(), f"row {r}"
+
+
+def test_decode_steps_per_round_must_be_positive(models):
+    with pytest.raises(ValueError, match="decode_steps_per_round = 0: must be >= 1"):
+        EngineConfig(max_model_len=64, kv_cache_bytes=2**20, decode_steps_per_round=0)
 
 
 def test_pool_smaller_than_one_sequence_is_refused(models):

@@ -7,7 +7,8 @@ sampler's up to the first position where the fp32 reference's top-two gap is bel
 tie), and (b) everywhere be within TIE of the fp32 reference's best logit given the engine's own
 prefix. A real bug (wrong slot, block or position) picks tokens far below the best (gaps of order
 1 at this init), well above TIE. Graph and eager decode run the same kernels on the same shapes,
-so they must agree token for token, sampled runs included.
+so they must agree token for token, sampled runs, stops inside a decode round and preemption
+included.
 """
 
 import pytest
@@ -25,6 +26,7 @@ QWEN25_05B = DecoderConfig(family="qwen2", vocab_size=151936, hidden_size=896, i
 TIE = 0.1
 NEW = 64
 MAX_LEN = 512
+KV_BYTES_PER_TOKEN = 24 * 2 * 2 * 64 * 2  # layers x (k, v) x KV heads x head dim x bf16
 
 
 @pytest.fixture(scope="module")
@@ -68,10 +70,11 @@ def reference_gaps(m32, prompt, response):
     return (top2[:, 0] - chosen).tolist(), (top2[:, 0] - top2[:, 1]).tolist()
 
 
-def test_greedy_bf16_equals_plain_sampler_until_a_near_tie(model, model32, prompts, record_property):
+@pytest.mark.parametrize("steps_per_round", [1, 16])
+def test_greedy_bf16_equals_plain_sampler_until_a_near_tie(model, model32, prompts, record_property, steps_per_round):
     params = SamplingParams(max_new_tokens=NEW, max_length=MAX_LEN, do_sample=False)
     plain = PlainSampler(model, max_batch_size=8).generate(prompts, params, torch.Generator("cuda"))
-    engine = make_engine(model)
+    engine = make_engine(model, decode_steps_per_round=steps_per_round)
     got = engine.generate(prompts, params, torch.Generator("cuda"))
     exact = 0
     for prompt, ours, theirs in zip(prompts, got, plain):
@@ -82,17 +85,48 @@ def test_greedy_bf16_equals_plain_sampler_until_a_near_tie(model, model32, promp
         assert ours[:first_tie] == theirs[:first_tie]
         exact += ours == theirs
     record_property("responses_equal_to_plain", exact)
+    assert engine.stats()["decode_rounds"] == -(-(NEW - 1) // steps_per_round)
     assert engine.blocks.num_used == 0
 
 
+@pytest.mark.parametrize("steps_per_round", [1, 8])
 @pytest.mark.parametrize("block_size", [16, 256])
 @pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "top_p"])
-def test_cuda_graph_decode_equals_eager_decode(model, prompts, block_size, do_sample):
+def test_cuda_graph_decode_equals_eager_decode(model, prompts, block_size, do_sample, steps_per_round):
     params = SamplingParams(max_new_tokens=NEW, max_length=MAX_LEN, top_p=0.9, do_sample=do_sample)
-    graphs = make_engine(model, block_size=block_size, cuda_graph=True)
-    eager = make_engine(model, block_size=block_size, cuda_graph=False)
+    graphs = make_engine(model, block_size=block_size, cuda_graph=True, decode_steps_per_round=steps_per_round)
+    eager = make_engine(model, block_size=block_size, cuda_graph=False, decode_steps_per_round=steps_per_round)
     assert graphs.runner.graphs and not eager.runner.graphs
     a = graphs.generate(prompts, params, torch.Generator("cuda").manual_seed(3))
     b = eager.generate(prompts, params, torch.Generator("cuda").manual_seed(3))
     assert a == b
+    assert graphs.runner.tail_graphs and not eager.runner.tail_graphs
     assert graphs.stats()["decode_steps"] == NEW - 1  # the first token comes from the prefill
+
+
+def test_stops_inside_a_round_and_preemption_between_rounds_graph_equals_eager(model, prompts):
+    """Sampled (top-p 0.9), rounds of 8 steps, a pool of 40 blocks of 16 (the batch needs about 60),
+    so rows are preempted at round boundaries and recomputed. The stop token is a token of the
+    same run without stop tokens, first seen late and not at a round's last step: the run with it
+    is the same up to there, so a row stops inside a round."""
+    def run(cuda_graph, stop=()):
+        engine = PagedEngine(model, EngineConfig(max_model_len=MAX_LEN, kv_cache_bytes=40 * 16 * KV_BYTES_PER_TOKEN,
+                                                 max_num_seqs=32, cuda_graph=cuda_graph, decode_steps_per_round=8),
+                             dtype=torch.bfloat16)
+        params = SamplingParams(max_new_tokens=NEW, max_length=MAX_LEN, top_p=0.9, stop_token_ids=stop)
+        out = engine.generate(prompts, params, torch.Generator("cuda").manual_seed(4))
+        assert engine.stats()["preemptions"] > 0 and engine.blocks.num_used == 0
+        return out, engine.stats()
+
+    free, _ = run(True)
+    # a run stopping on t is the free run up to the first position where any response has t;
+    # token i >= 1 comes from decode step i - 1, and i <= NEW - 9 leaves the round steps after it
+    first = {}
+    for r in free:
+        for i, t in enumerate(r):
+            first[t] = min(first.get(t, NEW), i)
+    at, stop = max((i, t) for t, i in first.items() if 1 <= i <= NEW - 9 and (i - 1) % 8 != 7)
+    (graphs, stats), (eager, _) = run(True, (stop,)), run(False, (stop,))
+    assert graphs == eager
+    assert all(stop not in r[:-1] and (len(r) == NEW or r[-1] == stop) for r in graphs)
+    assert any(len(r) == at + 1 for r in graphs) and stats["wasted_row_steps"] > 0

@@ -69,11 +69,10 @@ def test_preemption_takes_the_newest_first_counts_it_and_requeues_it_in_front():
     s.admit(chunk)
     assert bm.num_used == 4  # each sample's pending token (position 3) still fits its first block
     order = [seq.out_row for seq in s.running]
-    rows, entries = s.prepare_decode()
-    assert (rows, entries) == (4, [])
-    s.advance()  # every pending token now at position 4: four new blocks, two free
-    rows, entries = s.prepare_decode()
-    assert rows == 3 and s.stats.preemptions == 1
+    assert s.prepare_round(1) == (4, 1, [])
+    s.end_round(np.full(4, 2), np.zeros(4, dtype=bool))  # every pending token now at position 4
+    rows, steps, entries = s.prepare_round(1)  # four new blocks, two free
+    assert (rows, steps) == (3, 1) and s.stats.preemptions == 1
     assert [seq.out_row for seq in s.running] == order[:3]
     preempted = s.waiting[0]
     assert isinstance(preempted, Sequence) and preempted.out_row == order[3]
@@ -87,6 +86,39 @@ def test_preemption_takes_the_newest_first_counts_it_and_requeues_it_in_front():
     assert len(chunk) == 1 and not chunk[0].fresh and chunk[0].num_tokens == 3 + 2 - 1
     s.admit(chunk)
     assert s.running[-1] is preempted and s.stats.recomputed_tokens == 4
+
+
+def test_a_round_gets_the_blocks_of_every_position_it_may_write_up_to_each_limit():
+    s, bm = make(100)
+    # pending tokens at position 3 (prompt 3 + first token); limits 20, 2 and 7 new tokens
+    s.start(group_prompts(prompts((3, 1), (3, 1), (3, 1)), [20, 2, 7]))
+    s.admit(s.schedule_prefill())
+    assert bm.num_used == 3
+    rows, steps, entries = s.prepare_round(8)
+    # 8 steps write positions 3..10 (blocks 0-2), the limited rows 3..3 and 3..8 (blocks 0 and 0-2)
+    assert (rows, steps) == (3, 8)
+    assert [(r, c) for r, c, _ in entries] == [(0, 1), (0, 2), (2, 1), (2, 2)]
+    assert [len(q.block_table) for q in s.running] == [3, 1, 3] and bm.num_used == 7
+    assert len({b for _, _, b in entries}) == 4
+    # rows 1 and 2 stop inside the round (at their limit / on a stop token): released at its end
+    keep = s.end_round(np.array([9, 2, 5]), np.array([False, True, True]))
+    assert keep.tolist() == [0] and bm.num_used == 3 and s.num_new[0] == 9
+    assert s.prepare_round(8)[1] == 8  # pending at 11: 8 steps write 11..18, two more blocks
+
+
+def test_a_round_is_shortened_before_anything_is_preempted():
+    s, bm = make(6)  # 5 usable blocks of 4 tokens
+    s.start(group_prompts(prompts((3, 1), (3, 1)), [20, 20]))
+    s.admit(s.schedule_prefill())  # 2 blocks used, 3 free; pending tokens at position 3
+    rows, steps, entries = s.prepare_round(16)
+    # s steps write positions 3..2+s: 5 steps need one more block per row, 9 steps two
+    assert (rows, steps) == (2, 5) and s.stats.preemptions == 0 and len(entries) == 2
+    assert s.prepare_round(16) == (2, 5, [])  # the same positions are covered already
+    s.end_round(np.array([6, 6]), np.zeros(2, dtype=bool))  # pending at 8: one step needs 2 blocks, 1 free
+    rows, steps, entries = s.prepare_round(16)
+    # the newest row goes (3 free); the other may take 14 more tokens, of which 12 (positions 8..19) fit
+    assert s.stats.preemptions == 1 and (rows, steps) == (1, 12)
+    assert [len(q.block_table) for q in s.running] == [5] and bm.num_free == 0
 
 
 def test_a_pool_too_small_for_one_sequence_is_an_error():

@@ -28,6 +28,9 @@ class EvenLengthRouter:
         rewards = [1.0 if len(it.response_text) % 2 == 0 else -1.0 for it in items]
         return JudgeOutcome(rewards=rewards, counters={"rule_confirmed": sum(r > 0 for r in rewards)})
 
+    def live_workers(self):
+        return 0  # no worker processes
+
     def close(self):
         pass
 

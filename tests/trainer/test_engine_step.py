@@ -22,13 +22,13 @@ def test_paged_engine_generates_a_step_and_follows_the_actor(tmp_path, tiny_mode
     assert isinstance(engine, PagedEngine) and engine.config.block_size == 8
     assert engine.config.max_model_len == cfg.gen_max_length
     assert engine.config.max_num_seqs == cfg.gen_global_batch  # never more rows than a step has samples
-    before = {k: v.clone() for k, v in engine.runner.model.state_dict().items()}
+    before = {k: v.clone() for k, v in engine.runner.model.decoder_views().items()}
     metrics = trainer.step(0)
     assert metrics["rollout_generated_tokens"] == round(metrics["avg_new_tokens"] * 2 * K)
     assert metrics["rollout_prefix_hit_rate"] == pytest.approx(1 - 1 / K)  # k copies of 2 prompts
     assert metrics["rollout_preemptions"] == 0 and metrics["rollout_decode_steps"] >= 1
     actor = trainer.models.actor.state_dict()
-    copy = engine.runner.model.state_dict()
+    copy = engine.runner.model.decoder_views()
     assert all(torch.equal(copy[k], actor[k]) for k in copy)  # synced after the actor's AdamW step
     assert not all(torch.equal(copy[k], before[k]) for k in copy)
 
@@ -50,6 +50,7 @@ def test_auto_is_the_plain_sampler_on_cpu_and_a_too_small_pool_is_a_config_error
     ("kv_block_size", 0, "int >= 1"),
     ("max_num_seqs", 0, "int >= 1"),
     ("max_prefill_tokens", 0, "int >= 1"),
+    ("decode_steps_per_round", 0, "int >= 1"),
 ])
 def test_engine_keys_are_range_checked(tmp_path, tiny_model_dir, prompt_file, key, value, why):
     with pytest.raises(ConfigError, match=f"{key} in .*{why}"):

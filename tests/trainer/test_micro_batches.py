@@ -10,7 +10,8 @@ from oreal_fast.config import load_config
 from oreal_fast.model.hf_io import load_decoder, load_token_rm
 from oreal_fast.rl_step import RLSettings, rl_phase
 from oreal_fast.runtime import Precision, RLModels
-from oreal_fast.trajectories import Trajectory, plan_micro_batches
+from oreal_fast.trajectories import (Trajectory, iter_micro_batches, make_micro_batch, make_micro_batches,
+                                     plan_micro_batches)
 
 from trainer_helpers import write_config
 
@@ -28,6 +29,25 @@ def test_token_budget_plan(lengths, budget, expected):
 
 def test_zero_budget_is_the_official_split():
     assert [list(g) for g in plan_micro_batches([9, 1, 4, 4, 2], 2, 0)] == [[0, 1], [2, 3], [4]]
+
+
+def test_micro_batches_packed_on_demand_equal_the_packed_list(monkeypatch):
+    """iter_micro_batches packs a micro-batch only when asked for it, and gives make_micro_batches' tensors."""
+    kept = _kept(7)
+    plan = plan_micro_batches([t.num_tokens for t in kept], 2, 40)
+    eager = make_micro_batches(kept, plan, torch.device("cpu"))
+    packed = []
+    monkeypatch.setattr("oreal_fast.trajectories.make_micro_batch",
+                        lambda trajs, _make=make_micro_batch: packed.append(len(trajs)) or _make(trajs))
+    lazy = iter_micro_batches(kept, plan, torch.device("cpu"))
+    assert packed == []
+    first = next(lazy)
+    assert len(packed) == 1
+    for a, b in zip([first, *lazy], eager, strict=True):
+        for name in ("action_labels", "rewards", "advantages", "action_index", "action_seq", "action_cu_seqlens"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+        assert torch.equal(a.row.input_ids, b.row.input_ids) and torch.equal(a.row.cu_seqlens, b.row.cu_seqlens)
+    assert len(packed) == len(eager) > 1
 
 
 def _kept(num: int) -> list[Trajectory]:

@@ -116,6 +116,9 @@ class KeywordRouter:
         rewards = [1.0 if self.keyword in it.response_text else -1.0 for it in items]
         return JudgeOutcome(rewards=rewards, counters={"rule_confirmed": sum(r > 0 for r in rewards)})
 
+    def live_workers(self):
+        return 0  # no worker processes
+
     def close(self):
         pass
 
@@ -133,6 +136,9 @@ class ScriptedRouter:
         rewards = [self.pattern[(self.seen + i) % len(self.pattern)] for i in range(len(items))]
         self.seen += len(items)
         return JudgeOutcome(rewards=rewards, counters={"rule_confirmed": sum(r > 0 for r in rewards)})
+
+    def live_workers(self):
+        return 0  # no worker processes
 
     def close(self):
         pass

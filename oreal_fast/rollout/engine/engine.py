@@ -3,22 +3,38 @@ samples, CUDA-graph decode. Implements `RolloutEngine`; the trainer's default on
 
 `generate` loops: whenever waiting work fits, prefill one chunk of it (packed whole prompts; the
 k samples of a prompt take k independent first tokens from its one prefill and share its full
-blocks); else one decode step of every running sequence. Finished sequences free their blocks at
-once and waiting ones take them; when the pool runs out the newest sequence is preempted and
-later recomputed (`scheduler`). Each decode step syncs with the host once (the stop mask); the
-generated tokens stay on the device until the call ends.
+blocks); else one round of up to `decode_steps_per_round` decode steps of every running sequence.
+The host plans a round (blocks for every position it may write, preemption, the round's uniforms),
+the device runs its steps back to back, sampling, recording and stop checks included, and the
+host syncs once at its end (each row's token count and stop flag). A row that stops inside a
+round runs the round's remaining steps without effect (counted as `wasted_row_steps`); finished
+sequences free their blocks at the round's end and waiting ones take them; when the pool runs
+out the newest sequence is preempted and later recomputed (`scheduler`). The generated tokens
+stay on the device until the call ends.
+
+Why rounds rather than overlapping the host's next step with the current replay: the stop check
+must run before the next step is planned, so an overlapped host still runs the scheduler's
+Python once per step; with rounds it runs once per D steps, and a round costs at most D - 1 row
+steps per stopped row (responses are hundreds to thousands of tokens).
 
 Memory (Qwen2.5-0.5B in bf16: 494 M params): the weight copy costs params x 2 bytes (0.99 GB),
 refreshed in place by `sync_weights` after each optimiser step; no fp32 copy is kept. The KV pool
 is `kv_cache_bytes` (12 KiB per token for 0.5B), the logits buffer max_num_seqs x V x 2 bytes
 (311 MB at 1024 x 151 936), the graphs' shared pool about one decode step's activations at
-max_num_seqs (a few hundred MB at 0.5B). With `keep_cache` (default) pool, buffer and graphs stay
-between `generate` calls (the RL phase runs beside them); without it they are freed after each
-call and rebuilt at the next (every bucket recaptured per call; the memory goes back to the RL phase).
+max_num_seqs (a few hundred MB at 0.5B), a round's uniforms and tokens 12 bytes x
+decode_steps_per_round x max_num_seqs (197 KB at 16 x 1024). With `keep_cache` (default) pool,
+buffer and graphs stay between `generate` calls (the RL phase runs beside them); without it they
+are freed after each call and rebuilt at the next (every bucket recaptured per call; the memory
+goes back to the RL phase).
 
 Sampling follows reference 4.2 as a distribution (`oreal_fast.kernels.sampling`: inverse CDF on one
-uniform per row drawn from the caller's generator), so a run resumed with the generator's state
-samples what the straight run did.
+uniform per row and step from the caller's generator), so a run resumed with the generator's state
+samples what the straight run did. The stream: each prefill chunk draws `torch.rand(k_total)` for
+its first tokens; each decode round draws `torch.rand(steps, num_rows)` in one call, element
+[j, r] feeding row r at step j. Which uniform feeds which token therefore depends on
+`decode_steps_per_round`: a sampled run is reproducible for a given D, not across D. Greedy runs
+pick the same tokens for every D (on the GPU, up to bf16 near-ties: rows leave and join the batch
+at round ends, so a step may run at another batch bucket).
 
 Not here: block bookkeeping (`block_manager`), admission and preemption (`scheduler`), tensors
 and graphs (`model_runner`).
@@ -36,11 +52,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from oreal_fast.kernels.sampling import sample_from_logits
 from oreal_fast.model.decoder import Decoder
 from oreal_fast.rollout.base import SamplingParams, check_prompts, new_token_limits
 from oreal_fast.rollout.engine.block_manager import BlockManager
-from oreal_fast.rollout.engine.model_runner import ModelRunner
+from oreal_fast.rollout.engine.model_runner import ModelRunner, sample_tokens
 from oreal_fast.rollout.engine.scheduler import PrefillItem, Scheduler
 from oreal_fast.rollout.engine.sequence import group_prompts
 
@@ -58,6 +73,29 @@ class EngineConfig:
     cuda_graph: bool = True  # capture decode steps per batch bucket (CUDA only) [cuda_graph]
     keep_cache: bool = True  # keep pool, logits buffer and graphs between calls [rollout_keep_cache]
     watermark: float = 0.01  # share of the pool admission leaves free, as vLLM's block-manager watermark
+    decode_steps_per_round: int = 16  # decode steps per host round trip [decode_steps_per_round]
+
+    def __post_init__(self) -> None:
+        if self.decode_steps_per_round < 1:
+            raise ValueError(f"EngineConfig.decode_steps_per_round = {self.decode_steps_per_round}: must be >= 1")
+
+
+@dataclass
+class RoundCounts:
+    """Decode work of one `generate` call: a row step is one row in one step; it is live when the
+    row had not stopped (it sampled a token that is kept), wasted when it had stopped earlier in
+    its round."""
+
+    rounds: int = 0
+    steps: int = 0
+    row_steps: int = 0
+    live_row_steps: int = 0
+
+    def add(self, steps: int, num_rows: int, taken: int) -> None:
+        self.rounds += 1
+        self.steps += steps
+        self.row_steps += steps * num_rows
+        self.live_row_steps += taken
 
 
 def kv_cache_bytes(device: torch.device, *, gib: float | None, memory_fraction: float, reserve_bytes: int = 0) -> int:
@@ -105,9 +143,8 @@ class PagedEngine:
                                    config.max_prefill_tokens, watermark)
         self.runner = ModelRunner(actor, dtype=dtype, num_blocks=capacity + 1, block_size=config.block_size,
                                   max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
-                                  cuda_graph=config.cuda_graph)
+                                  cuda_graph=config.cuda_graph, steps_per_round=config.decode_steps_per_round)
         self.device = self.runner.device
-        self.sample_impl = "triton" if self.device.type == "cuda" else "eager"
         self.runner.allocate()
         self._stats: dict[str, float] = {}
 
@@ -116,7 +153,8 @@ class PagedEngine:
         self.runner.sync_weights(weights)
 
     def stats(self) -> dict[str, float]:
-        """The last `generate` call: tokens, time, decode steps, live batch, KV use, prefix sharing, preemption."""
+        """The last `generate` call: tokens, time, decode steps and rounds, live batch, wasted row steps,
+        KV use, prefix sharing, preemption."""
         return dict(self._stats)
 
     def generate(
@@ -143,29 +181,25 @@ class PagedEngine:
             self.runner.allocate()
         groups = group_prompts(prompts, limits)
         seqs = sorted((s for g in groups for s in g.members), key=lambda s: s.out_row)
-        steps = live = 0
+        rounds = RoundCounts()
         with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
-            self.runner.begin(len(prompts), max(limits), params.stop_token_ids)
+            self.runner.begin(len(prompts), max(limits), params)
             self.scheduler.start(groups)
             while not self.scheduler.done:
                 chunk = self.scheduler.schedule_prefill()
                 if chunk:
                     self._prefill(chunk, params, generator)
                 else:
-                    live += self._decode(params, generator)
-                    steps += 1
+                    self._decode_round(params, generator, rounds)
             out = self.runner.responses([s.num_new for s in seqs])
         if not self.config.keep_cache:
             self.runner.free()
-        self._record_stats(out, steps, live, time.perf_counter() - t0)
+        self._record_stats(out, rounds, time.perf_counter() - t0)
         return out
 
     def _sample(self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
-        if not params.do_sample:
-            return logits.argmax(dim=-1)
-        uniform = torch.rand(logits.shape[0], generator=generator, device=self.device)
-        return sample_from_logits(logits, uniform, temperature=params.temperature, top_k=params.top_k,
-                                  top_p=params.top_p, impl=self.sample_impl)
+        uniform = torch.rand(logits.shape[0], generator=generator, device=self.device) if params.do_sample else None
+        return sample_tokens(logits, uniform, params, self.runner.sample_impl)
 
     def _prefill(self, chunk: list[PrefillItem], params: SamplingParams, generator: torch.Generator) -> None:
         runner = self.runner
@@ -198,34 +232,41 @@ class PagedEngine:
             done[row : row + m] = runner.record(row, first[offset : offset + m])
         self._finish(done)
 
-    def _decode(self, params: SamplingParams, generator: torch.Generator) -> int:
-        """One decode step of every running sequence; returns how many ran."""
+    def _decode_round(self, params: SamplingParams, generator: torch.Generator, counts: RoundCounts) -> None:
+        """One round of decode steps of every running sequence, one host sync at its end."""
         runner, scheduler = self.runner, self.scheduler
-        num_rows, entries = scheduler.prepare_decode()
+        num_rows, steps, entries = scheduler.prepare_round(self.config.decode_steps_per_round)
         if num_rows < runner.num_rows:  # the last rows were preempted
             runner.keep_rows(np.arange(num_rows))
         runner.set_blocks(entries)
-        logits = runner.decode(scheduler.max_table_len())
-        tokens = self._sample(logits, params, generator)
-        runner.advance(tokens)
-        scheduler.advance()
-        self._finish(runner.record(0, tokens))
-        return num_rows
+        uniform = torch.rand(steps, num_rows, generator=generator, device=self.device) if params.do_sample else None
+        runner.start_round(uniform)
+        width = scheduler.max_table_len()
+        for _ in range(steps):
+            runner.decode_step(width)
+        num_new, done = runner.end_round(steps)
+        taken = int(num_new.sum() - scheduler.num_new[:num_rows].sum())
+        counts.add(steps, num_rows, taken)
+        keep = scheduler.end_round(num_new, done)
+        if keep is not None:
+            runner.keep_rows(keep)
 
     def _finish(self, done: torch.Tensor) -> None:
-        keep = self.scheduler.finish(done.cpu().numpy())  # the step's one host sync
+        keep = self.scheduler.finish(done.cpu().numpy())  # the prefill's one host sync
         if keep is not None:
             self.runner.keep_rows(keep)
 
-    def _record_stats(self, out: list[list[int]], steps: int, live: int, seconds: float) -> None:
+    def _record_stats(self, out: list[list[int]], rounds: RoundCounts, seconds: float) -> None:
         s = self.scheduler.stats
         generated = sum(len(r) for r in out)
         self._stats = {
             "generated_tokens": generated,
             "tokens_per_s": generated / max(seconds, 1e-9),
             "time_s": seconds,
-            "decode_steps": steps,
-            "mean_live_batch": live / max(steps, 1),
+            "decode_steps": rounds.steps,
+            "decode_rounds": rounds.rounds,
+            "mean_live_batch": rounds.live_row_steps / max(rounds.steps, 1),
+            "wasted_row_steps": rounds.row_steps - rounds.live_row_steps,
             "peak_kv_use": s.peak_blocks_used / self.blocks.capacity,
             "prefix_hit_rate": 1.0 - s.prompt_tokens_prefilled / max(s.prompt_tokens, 1),
             "kv_blocks_saved": s.kv_blocks_saved,

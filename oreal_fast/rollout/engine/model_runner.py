@@ -1,27 +1,57 @@
 """The tensors of the rollout engine: the bf16 weight copy, the KV pool, the running rows'
-device state, and the decode step (eager or one CUDA graph per batch bucket).
+device state, and the decode step (eager or CUDA graphs per batch bucket), run in rounds.
+
+Weight copy: an `InferenceModel` (q|k|v and gate|up packed, fused elementwise kernels on CUDA),
+refreshed in place by `sync_weights` from the Decoder's `(name, tensor)` pairs.
 
 KV pool: one tensor [num_layers, 2 (k, v), num_blocks, block_size, Hkv, D] in the compute dtype;
 layer l's caches are the contiguous views `kv[l, 0]` and `kv[l, 1]`, so one indexing op copies a
-block in every layer (copy-on-write of a forked prompt's last block).
+block in every layer (copy-on-write of a forked prompt's last block). The caches of one forward
+(`PrefillCache`, `DecodeCache`) take each layer's un-roped q|k|v GEMM output: one kernel
+(`rope_write_kv`) ropes q and k and writes k, v at the tokens' slots, then they attend.
 
 Row state (device, `max_num_seqs` rows, the first `num_rows` live, in the scheduler's row order):
 `input_ids` (the pending token), `positions` (its position), `block_tables`
 [max_num_seqs, max_blocks_per_seq] int32, `num_new`, `limits`, `out_rows` (row of the generated-token
-buffer). A decode step derives slot mapping (block_tables[pos // block_size] * block_size +
-pos % block_size) and context lens (pos + 1) from them, so the host writes nothing per step but the
-sampled tokens. Rows past `num_rows` are all zeros: position 0 in the null block, so a CUDA graph
-padded up to its bucket writes the padding rows' k/v into the null block (id 0, `NULL_BLOCK`), which
-nothing reads.
+buffer), `done` (stopped in this round). A decode step derives slot mapping
+(block_tables[pos // block_size] * block_size + pos % block_size) and context lens (pos + 1) from
+them. Rows past `num_rows` are all zeros and `done`; a done row writes its k/v into the null block
+(id 0, `NULL_BLOCK`), which nothing reads, so a CUDA graph padded up to its bucket and a row that
+stopped earlier in the round write nothing anyone reads.
 
-CUDA graphs: one per batch bucket (1, 2, 4, 8, 16, 32, then steps of 32 to 256 and of 64 beyond,
-up to max_num_seqs), captured largest first into one shared memory pool, each after one eager step;
-each runs embedding -> blocks -> final norm -> LM head into the static `logits` buffer
-[max_num_seqs, V] (compute dtype). Sampling and the stop check run after the replay.
+A round (`start_round`, `decode_step` x steps, `end_round`) runs several decode steps with no host
+sync: each step is the forward, then its tail, all on the device: sample (greedy argmax, or the
+sampler on row `step` of the round's uniforms [steps, num_rows]), store the tokens in the round
+buffer `round_tokens` [steps_per_round, max_num_seqs], count the token of every row not done,
+mark done the rows that now meet the stop rule, and advance the others (pending token,
+position), so a stopped row's later tokens are never recorded and its num_new stays. `end_round`
+moves the recorded tokens into the call's output buffer and reads num_new and done back: the
+round's one host sync.
+
+CUDA graphs: one forward graph per batch bucket (1, 2, 4, 8, 16, 32, then steps of 32 to 256 and of
+64 beyond, up to max_num_seqs), captured at `allocate`, largest first, into one shared memory
+pool, each after one eager step; each runs embedding -> layers -> final norm -> LM head into the
+static `logits` buffer [max_num_seqs, V] (compute dtype). The tail has one graph per bucket and
+sampling setting (the sampler's settings and the stop ids are fixed at capture), captured in the
+same pool the first time that pair runs, right after that step's tail ran eagerly.
+
+Kernels of one decode step on CUDA, per layer (9, or 10 when attention splits the context; cuBLAS
+may add one to a GEMM, e.g. a split-K reduction):
+  1. add_rms_norm (the previous MLP's output into the residual stream, then attn_norm)
+  2. q|k|v GEMM with its bias (addmm)
+  3. rope_write_kv (rope q and k, write k and v into the pool)
+  4. paged decode attention (a second, combining kernel when the context is split)
+  5. o GEMM
+  6. add_rms_norm (attention's output into the residual stream, then mlp_norm)
+  7. gate|up GEMM
+  8. silu_mul on the two halves of the gate|up output
+  9. down GEMM
+and once per step: the embedding, the slot and context-length arithmetic, the final add_rms_norm
+and the LM head; sampling and the stop check after it.
 
 Not here: which rows exist (`scheduler`), sampling and the loop (`engine`).
 Invariant: the weights, the pool and the row-state tensors are allocated once and only written in
-place, so captured graphs stay valid; rows >= num_rows are zero.
+place, so captured graphs stay valid; rows >= num_rows are zero and done.
 """
 
 from __future__ import annotations
@@ -33,11 +63,13 @@ import torch
 import torch.nn.functional as F
 
 from oreal_fast.kernels.paged_attention import paged_decode_attention
-from oreal_fast.model.attention import make_backend
-from oreal_fast.kernels.trunk_inference import INFERENCE_OPS
-from oreal_fast.model.decoder import EAGER_OPS, Decoder
-from oreal_fast.parallel import full_weights, load_weights
-from oreal_fast.rollout.base import finished
+from oreal_fast.kernels.sampling import sample_from_logits
+from oreal_fast.kernels.trunk_inference import rope_write_kv
+from oreal_fast.model.attention import make_backend, resolve_backend_name
+from oreal_fast.model.decoder import Decoder, max_rope_positions
+from oreal_fast.parallel import full_weights
+from oreal_fast.rollout.base import SamplingParams, finished
+from oreal_fast.rollout.engine.inference_model import InferenceModel
 
 
 def batch_buckets(max_num_seqs: int) -> list[int]:
@@ -50,38 +82,45 @@ def batch_buckets(max_num_seqs: int) -> list[int]:
     return sizes + [max_num_seqs]
 
 
+def sample_tokens(logits: torch.Tensor, uniform: torch.Tensor | None, params: SamplingParams,
+                  impl: str) -> torch.Tensor:
+    """Next tokens [B] int64 from logits [B, V]: greedy argmax, or reference 4.2 by inverse CDF on
+    `uniform` [B] fp32 (one draw per row from the caller's generator; None when greedy)."""
+    if not params.do_sample:
+        return logits.argmax(dim=-1)
+    return sample_from_logits(logits, uniform, temperature=params.temperature, top_k=params.top_k,
+                              top_p=params.top_p, impl=impl)
+
+
 class PrefillCache:
-    """`AttentionCache` of a prefill: write k/v at their pool slots, attend the new tokens causally
-    among themselves (no sequence in a prefill has a cached prefix)."""
+    """`PagedCache` of a prefill: rope q and k and write k, v at their pool slots (one kernel), then
+    attend the new tokens causally among themselves (no sequence in a prefill has a cached prefix),
+    on the roped k, v read back from the pool."""
 
     def __init__(self, kv: torch.Tensor, slots: torch.Tensor, backend, cu_seqlens: torch.Tensor, max_seqlen: int):
         self.kv, self.slots, self.backend, self.cu, self.max_seqlen = kv, slots, backend, cu_seqlens, max_seqlen
+        self.impl = "triton" if kv.device.type == "cuda" else "eager"
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        _write(self.kv[layer], self.slots, k, v)
+    def attend(self, layer: int, qkv: torch.Tensor, positions: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        kv = self.kv[layer]
+        q = rope_write_kv(qkv, positions, rope, kv[0], kv[1], self.slots, impl=self.impl)
+        Hkv, D = kv.shape[-2:]
+        k, v = (kv[i].view(-1, Hkv, D)[self.slots] for i in (0, 1))  # (T, Hkv, D) each
         return self.backend(q, k, v, self.cu, self.max_seqlen)
 
 
 class DecodeCache:
-    """`AttentionCache` of a decode step: one token per row, written at its slot, attending over
-    the row's whole context through its block table."""
+    """`PagedCache` of a decode step: one token per row, roped and written at its slot (one kernel),
+    attending over the row's whole context through its block table."""
 
     def __init__(self, kv: torch.Tensor, slots: torch.Tensor, block_tables: torch.Tensor,
                  context_lens: torch.Tensor, impl: str):
         self.kv, self.slots, self.block_tables, self.context_lens, self.impl = kv, slots, block_tables, context_lens, impl
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend(self, layer: int, qkv: torch.Tensor, positions: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         kv = self.kv[layer]
-        _write(kv, self.slots, k, v)
+        q = rope_write_kv(qkv, positions, rope, kv[0], kv[1], self.slots, impl=self.impl)
         return paged_decode_attention(q, kv[0], kv[1], self.block_tables, self.context_lens, impl=self.impl)
-
-
-def _write(kv: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    if k.dtype != kv.dtype:
-        raise TypeError(f"KV pool holds {kv.dtype} but attention got k/v in {k.dtype}")
-    _, _, _, Hkv, D = kv.shape
-    kv[0].view(-1, Hkv, D).index_copy_(0, slots, k)
-    kv[1].view(-1, Hkv, D).index_copy_(0, slots, v)
 
 
 class ModelRunner:
@@ -95,10 +134,11 @@ class ModelRunner:
         max_num_seqs: rows of the decode batch.
         max_model_len: longest sequence (prompt + response) a block table covers.
         cuda_graph: capture the decode step (CUDA only).
+        steps_per_round: the most decode steps of one round.
     """
 
     def __init__(self, actor: Decoder, *, dtype: torch.dtype, num_blocks: int, block_size: int,
-                 max_num_seqs: int, max_model_len: int, cuda_graph: bool) -> None:
+                 max_num_seqs: int, max_model_len: int, cuda_graph: bool, steps_per_round: int) -> None:
         device = actor.embed.weight.device
         self.device, self.dtype, self.block_size = device, dtype, block_size
         self.num_blocks, self.max_num_seqs = num_blocks, max_num_seqs
@@ -108,33 +148,45 @@ class ModelRunner:
         # graph and eager steps run the same kernels and pick the same tokens; CPU decodes the live rows
         self.static_shapes = device.type == "cuda"
         self.attn_impl = "triton" if device.type == "cuda" else "eager"
+        self.sample_impl = "triton" if device.type == "cuda" else "eager"
         c = actor.config
-        # on CUDA the copy runs RMSNorm, rope and SwiGLU as one Triton kernel each (forward only)
-        ops = INFERENCE_OPS if device.type == "cuda" else EAGER_OPS
-        self.model = Decoder(c, attn_backend="auto", device=device, dtype=dtype,
-                             trunk_ops=ops).requires_grad_(False).eval()
-        self.prefill_backend = make_backend(self.model.attn_backend)
+        if max_model_len > max_rope_positions(c):
+            raise ValueError(f"max_model_len {max_model_len} exceeds the {max_rope_positions(c)} positions "
+                             f"of the model's rope table")
+        # on CUDA the copy's elementwise ops are Triton kernels (forward only), elsewhere their eager twins
+        self.model = InferenceModel(c, device=device, dtype=dtype, impl=self.attn_impl).eval()
+        self.prefill_backend = make_backend(resolve_backend_name("auto", device, dtype))
         self.sync_weights(full_weights(actor))
         R, M = max_num_seqs, self.max_blocks_per_seq
         zeros = lambda *shape, dtype=torch.int64: torch.zeros(shape, dtype=dtype, device=device)  # noqa: E731
         self.input_ids, self.positions, self.num_new = zeros(R), zeros(R), zeros(R)
         self.limits, self.out_rows = zeros(R), zeros(R)
         self.block_tables = zeros(R, M, dtype=torch.int32)
+        self.done = torch.ones(R, dtype=torch.bool, device=device)
         self._cu = torch.arange(R + 1, dtype=torch.int32, device=device)
+        self._row_ids = torch.arange(R, device=device)
+        # a round's state: its step, uniforms, tokens, and each row's num_new when it began
+        self.step, self.round_start = zeros(1), zeros(R)
+        self.uniform = torch.zeros(steps_per_round, R, dtype=torch.float32, device=device)
+        self.round_tokens = zeros(steps_per_round, R)
         self.num_rows = 0
         self.kv: torch.Tensor | None = None
         self.generated: torch.Tensor | None = None
+        self.sampling: SamplingParams | None = None
         self.stop_ids = zeros(0)
+        self._stop_ids: dict[tuple[int, ...], torch.Tensor] = {}  # one tensor per stop set, as graphs read it
         self.buckets = batch_buckets(max_num_seqs)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.tail_graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self._graph_pool = None
         self.logits: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ memory
 
     def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy the actor's weights (``(name, whole tensor)`` pairs, see `RolloutEngine.sync_weights`)
-        into the persistent copy, in place, cast to the compute dtype."""
-        load_weights(self.model, weights)
+        into the persistent copy, in place, cast to the compute dtype and packed (q|k|v, gate|up)."""
+        self.model.load_weights(weights)
 
     def allocate(self) -> None:
         """The KV pool and, with CUDA graphs, the logits buffer and the captured graphs."""
@@ -148,7 +200,8 @@ class ModelRunner:
 
     def free(self) -> None:
         """Drop the pool, the graphs and the logits buffer (the weight copy stays)."""
-        self.graphs, self.kv, self.logits, self.generated = {}, None, None, None
+        self.graphs, self.tail_graphs, self._graph_pool = {}, {}, None
+        self.kv, self.logits, self.generated = None, None, None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -168,14 +221,21 @@ class ModelRunner:
                     self._decode_forward(b, self.max_blocks_per_seq)
                 pool = graph.pool()
                 self.graphs[b] = graph
+        self._graph_pool = pool
         torch.cuda.synchronize(self.device)
 
     # ------------------------------------------------------------------ a generate call
 
-    def begin(self, num_outputs: int, max_new: int, stop_ids: tuple[int, ...]) -> None:
-        """Output buffer [num_outputs, max_new] int32 for this call's generated tokens."""
-        self.generated = torch.zeros(num_outputs, max_new, dtype=torch.int32, device=self.device)
-        self.stop_ids = torch.tensor(stop_ids, dtype=torch.int64, device=self.device)
+    def begin(self, num_outputs: int, max_new: int, params: SamplingParams) -> None:
+        """Output buffer [num_outputs, max_new + 1] int32 for this call's generated tokens (the last
+        column takes the tokens a row samples after it stopped inside a round, never read), and the
+        call's sampling settings and stop ids."""
+        self.generated = torch.zeros(num_outputs, max_new + 1, dtype=torch.int32, device=self.device)
+        self.sampling = params
+        ids = params.stop_token_ids
+        if ids not in self._stop_ids:
+            self._stop_ids[ids] = torch.tensor(ids, dtype=torch.int64, device=self.device)
+        self.stop_ids = self._stop_ids[ids]
 
     def responses(self, lengths: list[int]) -> list[list[int]]:
         """Copy the generated tokens out (the call's one large device-to-host copy)."""
@@ -251,9 +311,10 @@ class ModelRunner:
         return self.generated[rows, cols].long()
 
     def record(self, first: int, tokens: torch.Tensor) -> torch.Tensor:
-        """Store tokens just sampled for rows first..first+len-1 and check the stop rule there.
+        """Store the first tokens (sampled at a prefill) of rows first..first+len-1 and check the
+        stop rule there.
 
-        The rows' num_new already counts the token (set by `add_rows`, or by `advance` in decode).
+        The rows' num_new already counts the token (set by `add_rows`).
         Returns the rows' stop mask [len] bool (device).
         """
         rows = slice(first, first + tokens.shape[0])
@@ -261,10 +322,10 @@ class ModelRunner:
         return finished(tokens, self.num_new[rows], self.limits[rows], self.stop_ids)
 
     def set_blocks(self, entries: list[tuple[int, int, int]]) -> None:
-        """Write (row, column, block) block-table entries."""
+        """Write (row, column, block) block-table entries (one host-to-device copy)."""
         if entries:
-            r, c, b = (torch.tensor(x, dtype=torch.int64) for x in zip(*entries))
-            self.block_tables[r.to(self.device), c.to(self.device)] = b.to(self.device, torch.int32)
+            r, c, b = torch.tensor(entries, dtype=torch.int64).to(self.device).unbind(1)
+            self.block_tables[r, c] = b.to(torch.int32)
 
     def keep_rows(self, keep: np.ndarray) -> None:
         """Keep only these live rows, in this order, as rows 0..len-1; zero the rest (finished or preempted)."""
@@ -275,37 +336,88 @@ class ModelRunner:
             t[m:n] = 0
         self.num_rows = m
 
-    # ------------------------------------------------------------------ decode
+    # ------------------------------------------------------------------ decode rounds
+
+    def start_round(self, uniform: torch.Tensor | None) -> None:
+        """Before a round: the live rows not done, the padding rows done, step 0.
+
+        Args:
+            uniform: [steps, num_rows] fp32, the round's draws (row j feeds step j); None when greedy.
+        """
+        n = self.num_rows
+        torch.ge(self._row_ids, n, out=self.done)
+        self.round_start[:n] = self.num_new[:n]
+        self.step.zero_()
+        if uniform is not None:
+            self.uniform[: uniform.shape[0], :n] = uniform
 
     @torch.no_grad()
-    def decode(self, width: int) -> torch.Tensor:
-        """Logits [num_rows, V] of every live row's pending token (writes its k/v).
+    def decode_step(self, width: int) -> None:
+        """One decode step of every live row: forward (writes each pending token's k/v), then the tail.
 
         `width`: block-table columns read without `static_shapes` (the longest live table).
         """
         n = self.num_rows
         if not self.static_shapes:
             self._decode_forward(n, width)
-            return self.logits[:n]
+            self._decode_tail(n)
+            return
         b = next(b for b in self.buckets if b >= n)
         if self.use_graphs:
             self.graphs[b].replay()
         else:
             self._decode_forward(b, self.max_blocks_per_seq)
-        return self.logits[:n]
+        self._tail(b)
 
-    def advance(self, tokens: torch.Tensor) -> None:
-        """After a decode step: the sampled tokens become the live rows' pending tokens."""
+    def end_round(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """After a round of `steps` steps: its tokens go to the output buffer, the rows' state to the host.
+
+        Returns:
+            num_new [num_rows] int64 and done [num_rows] bool, on the host (the round's one sync).
+        """
         n = self.num_rows
-        self.input_ids[:n] = tokens
-        self.positions[:n] += 1
-        self.num_new[:n] += 1
+        start = self.round_start[:n]
+        j = torch.arange(steps, device=self.device)[:, None]  # (steps, 1)
+        # step j's token is token start + j of its row; after the row stopped, the scratch column
+        cols = torch.where(j < self.num_new[:n] - start, start + j, self.generated.shape[1] - 1)  # (steps, n)
+        self.generated[self.out_rows[:n].expand(steps, n), cols] = self.round_tokens[:steps, :n].to(torch.int32)
+        state = torch.stack((self.num_new[:n], self.done[:n].long())).cpu().numpy()
+        return state[0], state[1].astype(bool)
+
+    def _tail(self, b: int) -> None:
+        key = (b, self.sampling.do_sample, self.sampling.temperature, self.sampling.top_k, self.sampling.top_p,
+               self.sampling.stop_token_ids)
+        graph = self.tail_graphs.get(key)
+        if graph is not None:
+            graph.replay()
+            return
+        self._decode_tail(b)  # eagerly first: this step's real work, and Triton compiles outside the capture
+        if self.use_graphs:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._graph_pool):
+                self._decode_tail(b)
+            self.tail_graphs[key] = graph
+
+    def _decode_tail(self, b: int) -> None:
+        """After a forward of rows 0..b-1: sample, record in the round buffer, count the token of
+        each row not done, mark done the rows that now meet the stop rule, and make the token the
+        pending one of the rows that go on (a stopped row keeps its last position, inside its blocks)."""
+        uniform = self.uniform.index_select(0, self.step)[0, :b] if self.sampling.do_sample else None
+        tokens = sample_tokens(self.logits[:b], uniform, self.sampling, self.sample_impl)
+        self.round_tokens[:, :b].index_copy_(0, self.step, tokens[None])
+        self.num_new[:b] += ~self.done[:b]
+        self.done[:b] |= finished(tokens, self.num_new[:b], self.limits[:b], self.stop_ids)
+        going = ~self.done[:b]
+        self.positions[:b] += going
+        self.input_ids[:b] = torch.where(going, tokens, self.input_ids[:b])
+        self.step += 1
 
     def _decode_forward(self, b: int, width: int) -> None:
         pos = self.positions[:b]
         tables = self.block_tables[:b, :width]
         block = tables.gather(1, (pos // self.block_size)[:, None].to(torch.int64))[:, 0]
         slots = block.to(torch.int64) * self.block_size + pos % self.block_size
+        slots = slots.masked_fill(self.done[:b], 0)  # slot 0 of the null block: nothing reads it
         context = (pos + 1).to(torch.int32)
         cache = DecodeCache(self.kv, slots, tables, context, self.attn_impl)
         out = self.logits[:b]

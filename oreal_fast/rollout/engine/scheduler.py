@@ -1,23 +1,28 @@
-"""Which samples run: admission into the KV pool, prefill or decode this step, preemption.
+"""Which samples run: admission into the KV pool, prefill or a decode round this step, preemption.
 
-Each engine step is either a prefill of waiting work (when some fits) or one decode step of every
-running sequence. Waiting work is first-in first-out and holds two kinds of item: prompt groups not
-yet started (the k samples of a prompt, prefilled once and forked) and preempted sequences (put
-back at the front, recomputed as a fresh prompt of their cached tokens). A prefill chunk takes
-whole items from the front while they fit: at most `max_prefill_batch` items and
+Each engine step is either a prefill of waiting work (when some fits) or one round of decode steps
+of every running sequence. Waiting work is first-in first-out and holds two kinds of item: prompt
+groups not yet started (the k samples of a prompt, prefilled once and forked) and preempted
+sequences (put back at the front, recomputed as a fresh prompt of their cached tokens). A prefill
+chunk takes whole items from the front while they fit: at most `max_prefill_batch` items and
 `max_prefill_tokens` tokens (a first item longer than that goes alone), rows under
 `max_num_seqs`, and the blocks every admitted sample needs for its next token while
 `watermark_blocks` stay free. It stops at the first item that does not fit (no overtaking); a
 group that fits only in part is split when the rows run out or when nothing else runs.
 
-Before a decode step, every running sequence whose pending token starts a new block gets one; when
-the pool runs out, the newest running sequence (largest `admit_order`, the last row) is preempted
-by recompute until the rest fit, as vLLM does: its blocks are released and it waits again.
+Before a decode round, every running sequence gets the blocks of every position the round may
+write: its pending token's and those of the tokens it may still sample in the round, never past
+its limit (`prepare_round`). The round is shortened before anything is preempted; when not even
+one step fits, the newest running sequence (largest `admit_order`, the last row) is preempted by
+recompute until the rest fit, as vLLM does: its blocks are released and it waits again. So
+preemption, admission and release happen at round boundaries only; a row that stops inside a
+round keeps its blocks until the round ends (`end_round`).
 
 Running sequences are kept in row order: row i of the model runner's device state is
 `running[i]`, admission appends rows, finishing removes rows (order kept), preemption removes
-the last rows. `prompt_lens` and `num_new` mirror the rows on the host, so lengths are known
-without reading a token.
+the last rows. `prompt_lens`, `num_new` and `limits` mirror the rows on the host; `num_new` is
+read back from the device once per round, since a row that stops inside a round takes fewer
+tokens than the round's steps.
 
 Not here: tensors (`model_runner`), the loop (`engine`).
 Invariant: every block a sequence holds is in its table and released exactly once (when it
@@ -71,6 +76,7 @@ class Scheduler:
     def __post_init__(self) -> None:
         self.prompt_lens = np.zeros(self.max_num_seqs, dtype=np.int64)
         self.num_new = np.zeros(self.max_num_seqs, dtype=np.int64)
+        self.limits = np.zeros(self.max_num_seqs, dtype=np.int64)
         self._admissions = 0
 
     def start(self, groups: list[PromptGroup]) -> None:
@@ -86,9 +92,8 @@ class Scheduler:
         return not self.waiting and not self.running
 
     def max_table_len(self) -> int:
-        """Blocks of the longest running sequence (the eager decode reads this many columns)."""
-        n = len(self.running)
-        return self.blocks.blocks_for(int((self.prompt_lens[:n] + self.num_new[:n]).max())) if n else 1
+        """Blocks of the longest block table of a running sequence (the eager decode reads this many columns)."""
+        return max((len(s.block_table) for s in self.running), default=1)
 
     # ------------------------------------------------------------------ prefill
 
@@ -166,39 +171,58 @@ class Scheduler:
                 if item.fresh:
                     seq.num_new = 1  # its first token, sampled from the prefill
                 self._admissions += 1
-                self.prompt_lens[row], self.num_new[row] = seq.num_prompt, seq.num_new
+                self.prompt_lens[row], self.num_new[row], self.limits[row] = seq.num_prompt, seq.num_new, seq.limit
                 self.running.append(seq)
         self.stats.peak_blocks_used = max(self.stats.peak_blocks_used, self.blocks.peak_used)
         return copies
 
     # ------------------------------------------------------------------ decode
 
-    def prepare_decode(self) -> tuple[int, list[tuple[int, int, int]]]:
-        """Give every running sequence the block its pending token is written to.
+    def prepare_round(self, max_steps: int) -> tuple[int, int, list[tuple[int, int, int]]]:
+        """Give every running sequence the blocks of the positions the next decode round writes.
+
+        In a round of s steps a row writes the positions of its pending token and of the next
+        min(s, left) - 1 tokens, left = limit - num_new being the tokens it may still take (a row
+        stops at its limit inside the round). The round takes the most steps, at most `max_steps`
+        and at most the largest `left`, whose blocks fit the free pool; when not one step fits, the
+        newest running sequence is preempted and the rest are tried again.
 
         Returns:
-            (num_rows, entries): the rows left after any preemption (the runner drops the rest),
-            and (row, column, block) block-table entries to write on the device.
+            (num_rows, steps, entries): the rows left after any preemption (the runner drops the
+            rest), the round's steps, and (row, column, block) block-table entries to write on
+            the device.
         """
-        bs = self.blocks.block_size
         while True:
             n = len(self.running)
-            positions = self.prompt_lens[:n] + self.num_new[:n] - 1  # of each pending token
-            rows = [int(r) for r in np.flatnonzero(positions % bs == 0)
-                    if len(self.running[r].block_table) <= positions[r] // bs]
-            if self.blocks.can_allocate(len(rows)):
+            need = self._round_blocks(n, max_steps)  # (n, steps): new blocks for a round of 1, 2, ... steps
+            fits = np.flatnonzero(need.sum(axis=0) <= self.blocks.num_free)  # a prefix: need grows with steps
+            if fits.size:
                 break
             if n == 1:
                 raise RuntimeError("the KV pool cannot hold one sequence: this cannot happen when it holds "
                                    "max_model_len tokens (the engine checks that)")
             self._preempt_last()
-        entries = []
-        for r, block in zip(rows, self.blocks.allocate(len(rows))):
+        steps = int(fits[-1]) + 1
+        need = need[:, steps - 1]
+        fresh = self.blocks.allocate(int(need.sum()))
+        entries, i = [], 0
+        for r in np.flatnonzero(need):
             table = self.running[r].block_table
-            entries.append((r, len(table), block))
-            table.append(block)
+            k = int(need[r])
+            entries += [(int(r), len(table) + j, b) for j, b in enumerate(fresh[i : i + k])]
+            table += fresh[i : i + k]
+            i += k
         self.stats.peak_blocks_used = max(self.stats.peak_blocks_used, self.blocks.peak_used)
-        return len(self.running), entries
+        return n, steps, entries
+
+    def _round_blocks(self, n: int, max_steps: int) -> np.ndarray:
+        """[n, S] int64: new blocks row r needs for a round of s + 1 steps, S = min(max_steps, largest left)."""
+        pending = self.prompt_lens[:n] + self.num_new[:n] - 1  # position of each pending token
+        left = self.limits[:n] - self.num_new[:n]  # >= 1: a row at its limit has finished
+        steps = np.arange(1, min(max_steps, int(left.max())) + 1)
+        last = pending[:, None] + np.minimum(steps[None, :], left[:, None]) - 1  # last position written
+        held = np.array([len(s.block_table) for s in self.running[:n]], dtype=np.int64)
+        return np.maximum(last // self.blocks.block_size + 1 - held[:, None], 0)
 
     def _preempt_last(self) -> None:
         seq = self.running.pop()
@@ -208,15 +232,22 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.stats.preemptions += 1
 
-    def advance(self) -> None:
-        """Every running sequence got one token this decode step."""
-        self.num_new[: len(self.running)] += 1
+    def end_round(self, num_new: np.ndarray, done: np.ndarray) -> np.ndarray | None:
+        """After a decode round: the rows' new-token counts and stop mask, read from the device;
+        releases the rows that stopped (see `finish`).
+
+        Args:
+            num_new: [num_rows] int64, tokens each row holds now (the pending one included).
+            done: [num_rows] bool, rows that stopped in the round.
+        """
+        self.num_new[: len(self.running)] = num_new
+        return self.finish(done)
 
     def finish(self, done: np.ndarray) -> np.ndarray | None:
         """Release the rows marked done.
 
         Args:
-            done: [num_rows] bool, from the step's stop check.
+            done: [num_rows] bool, from the stop check.
 
         Returns:
             The kept rows in order (the runner gathers its device state by them), or None when
@@ -233,5 +264,6 @@ class Scheduler:
         keep = np.flatnonzero(~done)
         self.running = [self.running[r] for r in keep]
         m = keep.size
-        self.prompt_lens[:m], self.num_new[:m] = self.prompt_lens[keep], self.num_new[keep]
+        for mirror in (self.prompt_lens, self.num_new, self.limits):
+            mirror[:m] = mirror[keep]
         return keep

@@ -1,0 +1,185 @@
+"""The pure decode step of the paged engine against its memory floor (Qwen2.5-0.5B shape, random
+init, bf16, CUDA graphs on).
+
+Run: `pytest benchmarks/test_bench_decode.py --benchmark-only` (CUDA only).
+Cases `B{batch}-C{context}`: 1@128, 16@128, 64@128, 256@128, 256@2048 and 64@8192 at the engine's
+default `decode_steps_per_round`; `-D{d}` cases at 1@128 and 256@128 with d = 1, 4, 32 (run only
+where `EngineConfig` has that key, so the file also runs against engines from before it). Each of
+the `batch` rows has its own random prompt of `context` tokens (no shared prefix: every step reads
+every row's KV), top-p 0.9, no stop token. Only the public engine API is used.
+
+The prefill is excluded by a difference: one call makes N = 32 decode steps (max_new_per_prompt =
+N + 1, the first token comes from the prefill), the other N + E = 96; step_ms = (median time of the
+N + E call - median time of the N call) / E, 3 rounds each, every call synchronised by its result.
+N and N + E are multiples of every round length measured, so both calls run whole rounds and the
+rounds' host work is counted in its share.
+
+extra_info per case:
+  batch, context, steps_per_round (None: the engine's default, or an engine without the key)
+  step_ms        wall time of one decode step, as above
+  floor_ms       (bf16 weights + the KV the step reads, batch x (context + N + E / 2) x 12 KiB) over copy_gbps
+  copy_gbps      device-to-device copy of 1 GiB, (read + write bytes) / time, measured in this run
+  gpu_ms         GPU time of one step's CUDA-graph replays (CUDA events around every replay, the same
+                 difference of two calls): all of the step where sampling and the stop check are
+                 captured too; engines that run them outside the graph leave them out of it
+  wall_over_gpu  step_ms / gpu_ms: 1.0 when the host never keeps the GPU waiting
+  kernels_per_step  GPU kernels and copies per decode step of the same engine without CUDA graphs
+                 (torch.profiler, calls of 8 and 16 decode steps, difference over 8, the rounds'
+                 own kernels counted in their share)
+  engine_*       the engine's stats() after the N + E call
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import statistics
+import time
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from oreal_fast.model.decoder import Decoder, DecoderConfig
+from oreal_fast.rollout import EngineConfig, PagedEngine, SamplingParams
+
+QWEN25_05B = DecoderConfig(family="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                           num_layers=24, num_heads=14, num_kv_heads=2, head_dim=64, rope_theta=1e6,
+                           tie_embeddings=True, qkv_bias=True)
+KV_BYTES_PER_TOKEN = 24 * 2 * 2 * 64 * 2  # layers x (k, v) x KV heads x head dim x bf16
+N, E = 32, 64  # decode steps of the short call, extra steps of the long one
+PROFILE_STEPS = (8, 16)
+ROUNDS = 3
+GRID = [(1, 128), (16, 128), (64, 128), (256, 128), (256, 2048), (64, 8192)]
+CASES = [(b, c, None) for b, c in GRID] + [(b, 128, d) for b in (1, 256) for d in (1, 4, 32)]
+HAS_ROUNDS = "decode_steps_per_round" in EngineConfig.__dataclass_fields__
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    m = Decoder(QWEN25_05B, device="cuda", dtype=torch.bfloat16)
+    m.init_weights()
+    return m.requires_grad_(False).eval()
+
+
+@pytest.fixture(scope="module")
+def copy_gbps() -> float:
+    src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        dst.copy_(src)
+    end.record()
+    end.synchronize()
+    seconds = start.elapsed_time(end) / 1e3 / 10
+    return 2 * src.numel() / seconds / 1e9
+
+
+def make_engine(model, batch: int, context: int, steps_per_round: int | None, cuda_graph: bool) -> PagedEngine:
+    max_len = context + N + E + 1
+    blocks_per_row = -(-max_len // 16)
+    pool = int(1.05 * (batch + 1) * blocks_per_row * 16 * KV_BYTES_PER_TOKEN)  # every row at once, no preemption
+    extra = {} if steps_per_round is None else {"decode_steps_per_round": steps_per_round}
+    config = EngineConfig(max_model_len=max_len, kv_cache_bytes=pool, max_num_seqs=batch, cuda_graph=cuda_graph,
+                          **extra)
+    return PagedEngine(model, config, dtype=torch.bfloat16)
+
+
+def decode_call(engine: PagedEngine, prompts: list[list[int]], steps: int):
+    """A generate call making `steps` decode steps; returns the function running it (synchronised by its result)."""
+    context = len(prompts[0])
+    params = SamplingParams(max_new_tokens=N + E + 1, max_length=context + N + E + 1, top_p=0.9)
+    caps = [steps + 1] * len(prompts)
+    return lambda: engine.generate(prompts, params, torch.Generator("cuda").manual_seed(0), max_new_per_prompt=caps)
+
+
+@contextlib.contextmanager
+def replay_times():
+    """Milliseconds of GPU time of every CUDA-graph replay inside the block (CUDA events around each)."""
+    pairs = []
+    replay = torch.cuda.CUDAGraph.replay
+
+    def timed(graph):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        replay(graph)
+        end.record()
+        pairs.append((start, end))
+
+    times: list[float] = []
+    torch.cuda.CUDAGraph.replay = timed
+    try:
+        yield times
+    finally:
+        torch.cuda.CUDAGraph.replay = replay
+        torch.cuda.synchronize()
+        times += [s.elapsed_time(e) for s, e in pairs]
+
+
+def time_step(benchmark, engine: PagedEngine, prompts: list[list[int]]) -> float:
+    """Milliseconds of one decode step: (median N + E call - median N call) / E, the calls interleaved."""
+    short, long = decode_call(engine, prompts, N), decode_call(engine, prompts, N + E)
+    long()  # warm-up: kernels compile and every graph the case replays is captured
+    short_times: list[float] = []
+
+    def time_short():
+        t0 = time.perf_counter()
+        short()
+        short_times.append(time.perf_counter() - t0)
+
+    benchmark.pedantic(long, setup=time_short, rounds=ROUNDS, iterations=1)
+    return (benchmark.stats.stats.median - statistics.median(short_times)) / E * 1e3
+
+
+def graph_ms_per_step(engine: PagedEngine, prompts: list[list[int]]) -> float:
+    totals = []
+    for steps in (N, N + E):
+        with replay_times() as times:
+            decode_call(engine, prompts, steps)()
+        totals.append(sum(times))
+    return (totals[1] - totals[0]) / E
+
+
+def kernels_per_step(engine: PagedEngine, prompts: list[list[int]]) -> float:
+    """Run after a graph engine of the same case: every kernel is compiled, so each call launches only its own."""
+    counts = []
+    for steps in PROFILE_STEPS:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            decode_call(engine, prompts, steps)()
+            torch.cuda.synchronize()
+        counts.append(sum(e.device_type == torch.autograd.DeviceType.CUDA for e in prof.events()))
+    return (counts[1] - counts[0]) / (PROFILE_STEPS[1] - PROFILE_STEPS[0])
+
+
+def free_memory() -> None:
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("batch, context, steps_per_round", CASES,
+                         ids=[f"B{b}-C{c}" + (f"-D{d}" if d else "") for b, c, d in CASES])
+def test_decode_step(benchmark, model, copy_gbps, batch, context, steps_per_round):
+    if steps_per_round is not None and not HAS_ROUNDS:
+        pytest.skip("this engine has no decode_steps_per_round")
+    g = torch.Generator().manual_seed(batch * 100003 + context)
+    prompts = torch.randint(0, 151000, (batch, context), generator=g).tolist()
+    free_memory()
+    engine = make_engine(model, batch, context, steps_per_round, cuda_graph=True)
+    step_ms = time_step(benchmark, engine, prompts)
+    gpu_ms = graph_ms_per_step(engine, prompts)
+    stats = engine.stats()
+    del engine
+    free_memory()
+    kernels = kernels_per_step(make_engine(model, batch, context, steps_per_round, cuda_graph=False), prompts)
+    free_memory()
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    kv_bytes = batch * (context + N + E // 2) * KV_BYTES_PER_TOKEN
+    floor_ms = (weight_bytes + kv_bytes) / (copy_gbps * 1e9) * 1e3
+    benchmark.extra_info.update(
+        batch=batch, context=context, steps_per_round=steps_per_round, step_ms=step_ms, floor_ms=floor_ms,
+        copy_gbps=copy_gbps, gpu_ms=gpu_ms, wall_over_gpu=step_ms / gpu_ms, kernels_per_step=kernels,
+        **{f"engine_{k}": v for k, v in stats.items()})

@@ -1,0 +1,185 @@
+"""The rollout engine's copy of the actor: the Llama/Qwen2 decoder of `oreal_fast.model.decoder`,
+laid out for generation with few kernels per layer.
+
+Per layer, q/k/v are one matrix `attn.qkv` [(Hq + 2 Hkv) D, H] (with one bias) and gate/up one
+matrix `mlp.gate_up` [2 I, H]; `load_weights` packs the Decoder's state-dict tensors into them in
+place. The residual add is fused into the RMSNorm after it, rope into the KV-cache write, SwiGLU
+reads the packed gate|up output (`oreal_fast.kernels.trunk_inference`). A layer is then:
+
+    h, r = add_rms_norm(x, r, attn_norm)           # r: the residual stream; layer 0 has none to add
+    qkv  = h @ Wqkv.T + bqkv                       # one GEMM, the bias in its epilogue (addmm)
+    o    = cache.attend(layer, qkv, positions, rope)  # rope q, k; write k, v; attend
+    x    = o @ Wo.T
+    h, r = add_rms_norm(x, r, mlp_norm)
+    g, u = (h @ Wgate_up.T).chunk(2)               # one GEMM, two views
+    x    = silu_mul(g, u) @ Wdown.T
+
+and the model ends with `add_rms_norm(x, r, norm)` and the caller's head. The attention cache
+(`PagedCache`, built by the model runner per forward) owns the KV pool, the slots and the
+attention kernel; this module never sees them.
+
+Not here: training (no autograd; the trained model is the Decoder), the KV pool and attention
+(`model_runner`), sampling. Kernels run as Triton on CUDA (`impl="triton"`) and as their eager
+twins elsewhere.
+Invariants: the same weights give the Decoder's numbers: every op rounds where the Decoder's op
+rounds (only the matmuls' shapes differ, one GEMM where the Decoder runs three or two). Weights
+are only ever written in place (captured CUDA graphs hold their addresses).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+import torch
+import torch.nn as nn
+
+from oreal_fast.kernels.trunk_inference import add_rms_norm, silu_mul
+from oreal_fast.model.decoder import DecoderConfig, Head, rope_table
+
+
+class PagedCache(Protocol):
+    """What the model hands each layer's attention to: one forward's view of the KV pool."""
+
+    def attend(self, layer: int, qkv: torch.Tensor, positions: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        """Rope q and k, store k and v for `layer`, attend the queries over their sequences' cache.
+
+        qkv: [T, (Hq + 2 Hkv) D] un-roped; positions: [T] int64; rope: [P, 2, D] fp32 -> out [T, Hq, D].
+        """
+        ...
+
+
+class Attention(nn.Module):
+    def __init__(self, config: DecoderConfig, layer: int, **factory) -> None:
+        super().__init__()
+        H, D = config.hidden_size, config.head_dim
+        self.layer = layer
+        self.qkv = nn.Linear(H, (config.num_heads + 2 * config.num_kv_heads) * D, bias=config.qkv_bias, **factory)
+        self.o = nn.Linear(config.num_heads * D, H, bias=config.out_bias, **factory)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: torch.Tensor,
+                cache: PagedCache) -> torch.Tensor:
+        out = cache.attend(self.layer, self.qkv(x), positions, rope)  # (T, Hq, D)
+        return self.o(out.flatten(1))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: DecoderConfig, impl: str, **factory) -> None:
+        super().__init__()
+        H, I = config.hidden_size, config.intermediate_size
+        self.impl = impl
+        self.gate_up = nn.Linear(H, 2 * I, bias=False, **factory)
+        self.down = nn.Linear(I, H, bias=False, **factory)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)  # (T, I) each: views of one GEMM output
+        return self.down(silu_mul(gate, up, impl=self.impl))
+
+
+class Layer(nn.Module):
+    def __init__(self, config: DecoderConfig, layer: int, impl: str, **factory) -> None:
+        super().__init__()
+        self.eps, self.impl = config.rms_norm_eps, impl
+        self.attn_norm = nn.Parameter(torch.empty(config.hidden_size, **factory))
+        self.attn = Attention(config, layer, **factory)
+        self.mlp_norm = nn.Parameter(torch.empty(config.hidden_size, **factory))
+        self.mlp = MLP(config, impl, **factory)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, rope: torch.Tensor,
+                cache: PagedCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the previous sublayer's output, not yet added to `residual` -> (this MLP's output, residual)."""
+        h, residual = add_rms_norm(x, residual, self.attn_norm, self.eps, impl=self.impl)
+        x = self.attn(h, positions, rope, cache)
+        h, residual = add_rms_norm(x, residual, self.mlp_norm, self.eps, impl=self.impl)
+        return self.mlp(h), residual
+
+
+class InferenceModel(nn.Module):
+    """The decoder for generation: embed -> layers -> final norm -> head, over one packed batch.
+
+    Args:
+        config: the trained Decoder's config.
+        device, dtype: where and in what dtype the weights (and so the activations) live.
+        impl: "triton" (CUDA, or CPU under TRITON_INTERPRET=1) or "eager": the trunk ops' implementation.
+    """
+
+    def __init__(self, config: DecoderConfig, *, device: torch.device | str, dtype: torch.dtype, impl: str) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.config, self.impl = config, impl
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size, **factory)
+        self.layers = nn.ModuleList(Layer(config, i, impl, **factory) for i in range(config.num_layers))
+        self.norm = nn.Parameter(torch.empty(config.hidden_size, **factory))
+        self.lm_head = None if config.tie_embeddings else nn.Linear(config.hidden_size, config.vocab_size,
+                                                                    bias=False, **factory)
+        self.requires_grad_(False)
+        self._rope: torch.Tensor | None = None
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        """LM head matrix [V, H] (the embedding matrix when tied)."""
+        return self.embed.weight if self.lm_head is None else self.lm_head.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+                cache: PagedCache, head: Head) -> torch.Tensor:
+        """`head(final-norm hidden states, lm_head_weight)` of one packed batch.
+
+        Args:
+            input_ids: [T] int64 token ids.
+            positions: [T] int64 absolute position of each token in its sequence.
+            cu_seqlens, max_seqlen: the packing, as `Decoder.forward` takes it (the runner calls
+                both models alike); not read here, the cache holds its own layout.
+            cache: this forward's `PagedCache`.
+            head: maps (hidden [T, H], lm_head_weight [V, H]) to the result.
+        """
+        x, residual = self.embed(input_ids), None  # (T, H)
+        rope = self.rope_table()
+        for layer in self.layers:
+            x, residual = layer(x, residual, positions, rope, cache)
+        hidden, _ = add_rms_norm(x, residual, self.norm, self.config.rms_norm_eps, impl=self.impl)
+        return head(hidden, self.lm_head_weight)
+
+    def rope_table(self) -> torch.Tensor:
+        """`decoder.rope_table(config)` on the weights' device, computed once: [P, 2, head_dim] fp32."""
+        if self._rope is None:
+            self._rope = rope_table(self.config, self.embed.weight.device)
+        return self._rope
+
+    def decoder_views(self) -> dict[str, torch.Tensor]:
+        """Every weight under its `Decoder` state-dict name, as a view into this model's (packed) tensors."""
+        c = self.config
+        views = {"embed.weight": self.embed.weight, "norm": self.norm}
+        if self.lm_head is not None:
+            views["lm_head.weight"] = self.lm_head.weight
+        qkv_rows = [c.num_heads * c.head_dim] + [c.num_kv_heads * c.head_dim] * 2
+        for i, layer in enumerate(self.layers):
+            p, attn, mlp = f"blocks.{i}.", layer.attn, layer.mlp
+            views[p + "attn_norm"], views[p + "mlp_norm"] = layer.attn_norm, layer.mlp_norm
+            for kind in ("weight", "bias") if c.qkv_bias else ("weight",):
+                for name, view in zip(("wq", "wk", "wv"), getattr(attn.qkv, kind).split(qkv_rows)):
+                    views[f"{p}attn.{name}.{kind}"] = view
+            views[p + "attn.wo.weight"] = attn.o.weight
+            if c.out_bias:
+                views[p + "attn.wo.bias"] = attn.o.bias
+            gate, up = mlp.gate_up.weight.chunk(2)
+            views[p + "mlp.w_gate.weight"], views[p + "mlp.w_up.weight"] = gate, up
+            views[p + "mlp.w_down.weight"] = mlp.down.weight
+        return views
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy `(Decoder state-dict name, whole tensor)` pairs into the packed weights, in place,
+        cast to this model's dtype; every Decoder weight must come once, and no other name."""
+        views = self.decoder_views()
+        seen = set()
+        for name, t in weights:
+            if name not in views:
+                raise KeyError(f"load_weights: {name!r} is not a weight of a Decoder of this config")
+            if t.shape != views[name].shape:
+                raise ValueError(f"load_weights: {name!r} has shape {tuple(t.shape)}, this config's is "
+                                 f"{tuple(views[name].shape)}")
+            views[name].copy_(t)
+            seen.add(name)
+        if len(seen) != len(views):
+            raise KeyError(f"load_weights: {len(views) - len(seen)} Decoder weight(s) not given, "
+                           f"e.g. {sorted(set(views) - seen)[0]!r}")
