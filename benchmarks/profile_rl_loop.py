@@ -24,15 +24,15 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from rl_shapes import DEVICE, rl_models
-from test_bench_rl_loop import short_case
+from rl_shapes import DEVICE, rl_models, short_case
 
 from oreal_fast.config import TrainConfig
 from oreal_fast.kernels.trunk_train import TRAIN_OPS
 from oreal_fast.model.attention import make_backend
 from oreal_fast.model.decoder import EAGER_OPS, TrunkOps
-from oreal_fast.rl_step import Precision, clip_and_step, rl_phase
-from oreal_fast.trainer import rl_settings
+from oreal_fast.optimizers import clip_gradients
+from oreal_fast.rl_step import RLSettings, rl_phase
+from oreal_fast.runtime import Precision
 
 SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 # name -> (token budget, attention backend, trunk ops)
@@ -66,12 +66,15 @@ def profile_variant(name: str, budget: int, backend: str, ops: TrunkOps) -> dict
     models, _ = rl_models(tokens=32768, ops=ops)
     _use_backend(models, backend)
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-7, fused=True) for m in (models.actor, models.token_rm)]
-    settings = rl_settings(TrainConfig(actor="random", datasets="none", threshold_rescale=True), Precision(torch.device(DEVICE), torch.bfloat16))
+    cfg = TrainConfig(actor="random", datasets="none", threshold_rescale=True)
+    settings = RLSettings.from_config(cfg, Precision(torch.device(DEVICE), torch.bfloat16))
 
     def phase():
         rl_phase(models, kept, settings, micro_batch_size=2, token_budget=budget, update_actor=True)
-        clip_and_step(models.actor, opts[0], 1.0)
-        clip_and_step(models.token_rm, opts[1], 1.0)
+        for model, opt in zip((models.actor, models.token_rm), opts):
+            clip_gradients(model, 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
 
     phase()

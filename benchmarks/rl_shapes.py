@@ -1,5 +1,6 @@
 """Shared by the RL benchmarks: the Qwen2.5-0.5B shape, random-init models as the trainer holds them
-(trunk ops and recompute plan included), trajectory sets, and the FLOP count behind the MFU they report.
+(trunk ops and recompute plan included), trajectory sets (the `short` and `mixed` cases), and the
+FLOP count behind the MFU they report.
 
 FLOPs of one RL phase, summed over its micro-batches. Per micro-batch, F = F_mm + F_at is the trunk
 forward (`trunk_flops`: 2 x matmul parameters per token, plus causal attention 4 x head_dim x heads
@@ -26,7 +27,7 @@ from oreal_fast.kernels.trunk_train import TRAIN_OPS
 from oreal_fast.model.decoder import Decoder, DecoderConfig, TokenRewardModel, TrunkOps, trunk_flops
 from oreal_fast.recompute import (activation_budget, apply_recompute, block_activation_bytes, blocks_to_recompute,
                                   committed_bytes)
-from oreal_fast.rl_step import RLModels
+from oreal_fast.runtime import RLModels
 from oreal_fast.trajectories import Trajectory
 
 QWEN25_05B = DecoderConfig(family="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
@@ -106,3 +107,22 @@ def rl_phase_flops(kept: list[Trajectory], groups: list[range], *, recompute_sha
         model += flops
         hardware += flops + 2 * recompute_share * F + (head if logits_recompute else 0)
     return model, hardware
+
+
+def short_case() -> list[Trajectory]:
+    """64 kept sequences, 32 prompts x 2 samples, 470-token prompts + 150..220-token responses."""
+    gen = torch.Generator().manual_seed(1)
+    responses = torch.randint(150, 221, (64,), generator=gen).tolist()
+    kept = trajectories([470] * 64, responses, seed=1)
+    for i in range(1, 64, 2):
+        kept[i].prompt_ids = kept[i - 1].prompt_ids  # two samples of each prompt
+    return kept
+
+
+def mixed_case() -> list[Trajectory]:
+    """64 sequences with a long-tailed length mix 200 .. 16384 (most short, a few near the cap)."""
+    gen = torch.Generator().manual_seed(2)
+    u = torch.rand(64, generator=gen).tolist()
+    totals = [int(200 * (16384 / 200) ** (x**3)) for x in u]  # long tail: median ~ 300, max ~ 16k
+    prompts = [min(470, t // 2) for t in totals]
+    return trajectories(prompts, [t - p for t, p in zip(totals, prompts)], seed=2)

@@ -17,7 +17,7 @@ call (the inputs), gradients included; and extra_info["tflops"]: the useful GEMM
 import pytest
 import torch
 
-from oreal_fast.algo.loss import LossCoefficients, oreal_actor_loss
+from oreal_fast.algo.loss import ActorLossInputs, LossCoefficients, oreal_actor_loss
 from oreal_fast.algo.normalisers import Normalisers
 from oreal_fast.kernels import IGNORE_INDEX, fused_oreal_loss, linear_logprob
 
@@ -37,7 +37,7 @@ COEFS = LossCoefficients(positive_loss_factor=1.0, negative_loss_factor=0.5, kl_
 def _eager_loss(hidden, weight, labels, ref, adv, is_pos, w_pos, w_neg, norm):
     logp = (hidden @ weight.T).float().log_softmax(-1)  # (T, V) fp32
     lp = logp.gather(-1, labels.clamp(min=0)[:, None])[:, 0] * (labels != IGNORE_INDEX)
-    return oreal_actor_loss(lp, ref, adv, is_pos, w_pos, w_neg, norm, COEFS).loss
+    return oreal_actor_loss(lp, ActorLossInputs(ref, adv, is_pos, w_pos, w_neg, norm), COEFS).loss
 
 
 _compiled = torch.compile(_eager_loss, dynamic=False)
@@ -45,12 +45,12 @@ _compiled = torch.compile(_eager_loss, dynamic=False)
 
 def _linear_logprob_loss(hidden, weight, labels, ref, adv, is_pos, w_pos, w_neg, norm):
     lp = linear_logprob(hidden, weight, labels)
-    return oreal_actor_loss(lp, ref, adv, is_pos, w_pos, w_neg, norm, COEFS).loss
+    return oreal_actor_loss(lp, ActorLossInputs(ref, adv, is_pos, w_pos, w_neg, norm), COEFS).loss
 
 
 def _fused_loss(hidden, weight, labels, ref, adv, is_pos, w_pos, w_neg, norm):
-    return fused_oreal_loss(hidden, weight, labels, ref, adv, is_pos, w_pos, w_neg, norm,
-                            COEFS)[0].loss
+    inputs = ActorLossInputs(ref, adv, is_pos, w_pos, w_neg, norm)
+    return fused_oreal_loss(hidden, weight, labels, inputs, COEFS)[0].loss
 
 
 LOSS_FNS = {"eager": _eager_loss, "torch_compile": _compiled,

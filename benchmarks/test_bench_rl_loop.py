@@ -25,31 +25,15 @@ import math
 import pytest
 import torch
 
-from rl_shapes import CAP_GIB, DEVICE, PEAK_FLOPS, QWEN25_05B, rl_models, rl_phase_flops, trajectories
+from rl_shapes import CAP_GIB, DEVICE, PEAK_FLOPS, QWEN25_05B, mixed_case, rl_models, rl_phase_flops, short_case
 
 from oreal_fast.config import TrainConfig
-from oreal_fast.rl_step import Precision, clip_and_step, rl_phase
-from oreal_fast.trainer import rl_settings
+from oreal_fast.optimizers import clip_gradients
+from oreal_fast.rl_step import RLSettings, rl_phase
+from oreal_fast.runtime import Precision
 from oreal_fast.trajectories import plan_micro_batches
 
 BUDGETS = {"oreal_fast": 32768, "official_split": 0}
-
-
-def short_case():
-    gen = torch.Generator().manual_seed(1)
-    responses = torch.randint(150, 221, (64,), generator=gen).tolist()
-    kept = trajectories([470] * 64, responses, seed=1)
-    for i in range(1, 64, 2):
-        kept[i].prompt_ids = kept[i - 1].prompt_ids  # two samples of each prompt
-    return kept
-
-
-def mixed_case():
-    gen = torch.Generator().manual_seed(2)
-    u = torch.rand(64, generator=gen).tolist()
-    totals = [int(200 * (16384 / 200) ** (x**3)) for x in u]  # long tail: median ~ 300, max ~ 16k
-    prompts = [min(470, t // 2) for t in totals]
-    return trajectories(prompts, [t - p for t, p in zip(totals, prompts)], seed=2)
 
 
 CASES = {"short": short_case, "mixed": mixed_case}
@@ -67,13 +51,16 @@ def test_rl_loop(benchmark, provider, case):
         models, recomputed = rl_models(tokens=32768)
         actor_opt = torch.optim.AdamW(models.actor.parameters(), lr=1e-7, weight_decay=0.01, fused=True)
         rm_opt = torch.optim.AdamW(models.token_rm.parameters(), lr=1e-7, weight_decay=0.01, fused=True)
-        settings = rl_settings(TrainConfig(actor="random", datasets="none", threshold_rescale=True), Precision(torch.device(DEVICE), torch.bfloat16))
+        cfg = TrainConfig(actor="random", datasets="none", threshold_rescale=True)
+        settings = RLSettings.from_config(cfg, Precision(torch.device(DEVICE), torch.bfloat16))
         budget = BUDGETS[provider]
 
         def phase():
             rl_phase(models, kept, settings, micro_batch_size=2, token_budget=budget, update_actor=True)
-            clip_and_step(models.actor, actor_opt, 1.0)
-            clip_and_step(models.token_rm, rm_opt, 1.0)
+            for model, opt in ((models.actor, actor_opt), (models.token_rm, rm_opt)):
+                clip_gradients(model, 1.0)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
             torch.cuda.synchronize()
 
         phase()  # warm-up: kernels compiled, optimiser states allocated

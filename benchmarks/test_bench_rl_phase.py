@@ -31,12 +31,13 @@ import torch
 
 from rl_shapes import DEVICE, PEAK_FLOPS, QWEN25_05B, rl_models, rl_phase_flops, trajectories
 
-from oreal_fast.algo import LossCoefficients, global_normalisers, oreal_actor_loss, rm_bce_loss, sequence_means
+from oreal_fast.algo import (ActorLossInputs, LossCoefficients, global_normalisers, oreal_actor_loss, rm_bce_loss,
+                             sequence_means)
 from oreal_fast.config import TrainConfig
 from oreal_fast.kernels.trunk_train import TRAIN_OPS
 from oreal_fast.model.decoder import EAGER_OPS
-from oreal_fast.rl_step import Precision, rl_micro_step
-from oreal_fast.trainer import rl_settings
+from oreal_fast.rl_step import RLSettings, rl_micro_step
+from oreal_fast.runtime import Precision
 from oreal_fast.trajectories import Trajectory, make_micro_batch
 
 PROMPT = 512
@@ -67,7 +68,7 @@ def _ours(length: int, provider: str):
     batch = make_micro_batch(_trajectories(length)).to(torch.device(DEVICE))
     norm = global_normalisers(batch.action_cu_seqlens.diff(), batch.rewards)
     cfg = dataclasses.replace(CFG, loss_impl=impl, loss_kernel=loss_kernel)
-    settings = rl_settings(cfg, Precision(torch.device(DEVICE), torch.bfloat16))
+    settings = RLSettings.from_config(cfg, Precision(torch.device(DEVICE), torch.bfloat16))
 
     def step():
         rl_micro_step(models, batch, norm, settings, update_actor=True)
@@ -112,8 +113,9 @@ def _hf_plain(length: int):
             rm_bce_loss(sequence_means(scores, cu), rewards, norm.num_seqs).backward()
             lp = logprobs(actor, input_ids)
         seq = torch.repeat_interleave(torch.arange(2, device=DEVICE), lens)
-        terms = oreal_actor_loss(lp, ref_lp, torch.tensor([0.5, -0.5], device=DEVICE)[seq], rewards[seq] > 0,
-                                 None, None, norm, LossCoefficients.from_config(CFG))
+        inputs = ActorLossInputs(ref_lp, torch.tensor([0.5, -0.5], device=DEVICE)[seq], rewards[seq] > 0,
+                                 None, None, norm)
+        terms = oreal_actor_loss(lp, inputs, LossCoefficients.from_config(CFG))
         terms.loss.backward()
         actor.zero_grad(set_to_none=True)
         rm.zero_grad(set_to_none=True)

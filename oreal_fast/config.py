@@ -29,8 +29,9 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-# Official keys this single-process trainer accepts so that official config files load, but that
-# change nothing here: key -> (the value that matches what we do, what the key would control).
+# Official keys this trainer accepts so that official config files load, but that change nothing
+# here (data parallelism is the only split: no tensor or sequence parallelism):
+# key -> (the value that matches what we do, what the key would control).
 # A config that sets another value gets one log line at start (see compatibility_notes).
 COMPATIBILITY_ONLY = {
     "tp_size": (1, "tensor parallelism; one process holds each whole model"),
@@ -77,7 +78,8 @@ class TrainConfig:
     stop_word: str = "<|im_end|>"
     """The only generation stop token; must encode to exactly one token id."""
     dtype: str = "auto"
-    """Parameter dtype: auto (bf16 where supported, else fp16) | bf16 | fp16 | fp32."""
+    """Compute dtype of every forward (autocast and FSDP gathers; trained weights stay fp32 masters, the
+    frozen reference is held in it): auto (bf16 on a GPU that has it, else fp16; fp32 on CPU) | bf16 | fp16 | fp32."""
     selective_recompute: float | None = None
     """Fraction of decoder layers whose activations are recomputed in backward, in [0, 1] (official: 1.0);
     None = planned: no layer when a micro-batch's activations (rl_micro_batch_tokens) fit under the
@@ -87,9 +89,9 @@ class TrainConfig:
     cuda_graph: bool = True
     """Replay the paged engine's decode steps as CUDA graphs, one per batch bucket (CUDA only)."""
     tp_size: int = 1
-    """Official tensor-parallel degree. Accepted for compatibility, has no effect here (one process, one GPU)."""
+    """Official tensor-parallel degree. Accepted for compatibility, has no effect here (no tensor parallelism)."""
     sp_size: int = 1
-    """Official sequence-parallel degree. Accepted for compatibility, has no effect here (one process)."""
+    """Official sequence-parallel degree. Accepted for compatibility, has no effect here (no sequence parallelism)."""
 
     # --- data (reference 3) ---
     data_difficulty_balance_cfg: list[tuple[tuple[float, float], int]] | None = field(
@@ -402,8 +404,11 @@ def _validate(raw: dict[str, Any], path: str, overridden: set[str]) -> TrainConf
         if getattr(cfg, key) is None:
             setattr(cfg, key, getattr(cfg, other))
     _check_ranges(c, cfg)
+    _check_choices(c, cfg)
     _check_rollout_engine(c, cfg)
     _check_combinations(c, cfg)
+    _check_checkpoints(c, cfg)
+    _check_device(c, cfg)
     _check_validation(c, cfg)
     _check_judgers(c, cfg)
     _check_data_sources(c, cfg)
@@ -504,6 +509,10 @@ def _check_ranges(c: _Checker, cfg: TrainConfig) -> None:
         c.fail("temperature", f"must be a finite float > 0, got {cfg.temperature}")
     if not cfg.max_grad_norm > 0:
         c.fail("max_grad_norm", f"must be > 0, got {cfg.max_grad_norm}")
+
+
+def _check_choices(c: _Checker, cfg: TrainConfig) -> None:
+    """Named options, non-empty names, local model paths that exist, what is not implemented."""
     choices = {
         "dtype": ("auto", "bf16", "fp16", "fp32"), "reward_shaping_type": ("rloo", "grpo"),
         "kl_type": ("kl", "unbias", "mse"), "loss_impl": ("auto", "triton", "eager"),
@@ -572,6 +581,9 @@ def _check_combinations(c: _Checker, cfg: TrainConfig) -> None:
         if cfg.threshold_rescale and cfg.topk_rescale:
             c.fail("topk_rescale", "threshold_rescale and topk_rescale are both True; set exactly one "
                    "(the official trainer would silently ignore topk_rescale)")
+
+
+def _check_checkpoints(c: _Checker, cfg: TrainConfig) -> None:
     interval = cfg.checkpoint_interval
     if not (interval == -1 or 0 < interval):
         c.fail("checkpoint_interval", f"must be -1, in (0, 1) or >= 1; got {interval}")
@@ -580,7 +592,11 @@ def _check_combinations(c: _Checker, cfg: TrainConfig) -> None:
                f"steps; use a fraction >= {1 / cfg.total_steps:.4g}, an int >= 1 or -1")
     if cfg.resume not in (None, "auto") and not os.path.exists(cfg.resume):
         c.fail("resume", f"{cfg.resume!r} does not exist (use None, 'auto', a run folder or a state file)")
-    import torch
+
+
+def _check_device(c: _Checker, cfg: TrainConfig) -> None:
+    """What the device can run: CUDA present when named, low-precision dtypes and a memory cap on a GPU only."""
+    import torch  # only here: loading a config must not wait for torch unless it checks a device
 
     if cfg.device == "cuda" and not torch.cuda.is_available():
         c.fail("device", "'cuda' was asked for but no CUDA device is available (use 'auto' or 'cpu')")

@@ -1,7 +1,7 @@
 """Command line: ``python -m oreal_fast.eval MODEL [--datasets D] [--config CONFIG] [--k N] [--out FILE]``.
 
 Evaluates one policy on held-out problems exactly as the trainer's validation does
-(``oreal_fast.evaluate``): greedy pass@1 and, with ``--k N``, sampled pass@1 and pass@N from N
+(``oreal_fast.evaluator``): greedy pass@1 and, with ``--k N``, sampled pass@1 and pass@N from N
 samples per problem, judged by the config's judger. MODEL is any reference ``load_decoder`` reads:
 a local HF folder (a run's ``hf-N`` included), a hub id, a ``.gguf`` file or ``package://``.
 Settings (chat template, stop word, sampling, judgers, seed, device, dtype) come from CONFIG, whose
@@ -52,30 +52,18 @@ def settings(model: str, datasets: str | list[str] | None, config: str | None, k
 
 def evaluate_model(cfg: TrainConfig) -> dict:
     """Loads ``cfg.actor``, evaluates it on ``cfg.val_datasets``; returns the JSON report."""
-    from oreal_fast.config import validate_stop_word
-    from oreal_fast.evaluate import Evaluator
+    from oreal_fast.evaluator import Evaluator
     from oreal_fast.judge import Router
-    from oreal_fast.model.decoder import max_rope_positions
-    from oreal_fast.model.hf_io import load_decoder, load_tokenizer
     from oreal_fast.rollout import build_rollout
-    from oreal_fast.trainer import model_ref_errors, resolve_device, resolve_precision
+    from oreal_fast.runtime import build_runtime, load_chat_tokenizer, load_frozen
 
-    device = resolve_device(cfg.device)
-    precision = resolve_precision(cfg, device)
-    compute = precision.compute_dtype
-    with model_ref_errors(cfg, "actor"):
-        tokenizer = load_tokenizer(cfg.actor)
-    if cfg.chat_template is not None:
-        tokenizer.chat_template = cfg.chat_template
-    evaluator = Evaluator.from_config(cfg, tokenizer=tokenizer, stop_token_id=validate_stop_word(cfg, tokenizer),
-                                      device=device)
-    with model_ref_errors(cfg, "actor"):
-        actor = load_decoder(cfg.actor, dtype=compute, device=device, compute_dtype=compute)
-    if cfg.gen_max_length > max_rope_positions(actor.config):
-        raise ConfigError(f"gen_max_length: {cfg.gen_max_length} is above the {max_rope_positions(actor.config)} "
-                          f"positions the rope table of {cfg.actor!r} covers")
+    runtime = build_runtime(cfg)
+    tokenizer, stop_token_id = load_chat_tokenizer(cfg)
+    evaluator = Evaluator.from_config(cfg, tokenizer=tokenizer, stop_token_id=stop_token_id, device=runtime.device)
+    actor = load_frozen(cfg, "actor", runtime)
     num_sessions = len(evaluator.records) * max(1, cfg.val_samples_per_problem)
-    rollout = build_rollout(cfg, actor, compute_dtype=compute, num_sessions=num_sessions, training=False)
+    rollout = build_rollout(cfg, actor, compute_dtype=runtime.compute_dtype, num_sessions=num_sessions,
+                            training=False)
     with Router(cfg.judgers_config, cfg.data_judger_mapping) as router:
         result = evaluator.evaluate(rollout, router)
     return {

@@ -9,8 +9,9 @@ Writes, under one run folder:
                            log and TensorBoard)
   ``trajectories/step.{i}.jsonl`` and ``.log``  the kept trajectories of step i (5.2)
 
-It does not compute metrics; the trainer hands it a finished dict. Invariant: the jsonl file only
-ever holds complete lines, and a resumed run first drops the lines of steps it will redo.
+It does not compute metrics (``step_record.step_metrics`` does); it writes a finished dict.
+Invariant: the jsonl file only ever holds complete lines, and a resumed run first drops the lines
+of steps it will redo.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from oreal_fast.health import HEALTH_KEYS
 
@@ -144,6 +146,16 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}" if abs(value) < 1e-3 and value != 0 else f"{value:.4f}"
     return str(value)
+
+
+def trajectory_rows(kept: Iterable[Any], decode: Callable[..., str]) -> list[dict[str, Any]]:
+    """The dump records of kept trajectories (``trajectories.Trajectory``): the decoded sequence
+    (special tokens kept), token count, reward, advantage, input ids and labels."""
+    return [
+        {"sequence": decode(t.input_ids, skip_special_tokens=False), "num_tokens": t.num_tokens,
+         "judger_reward": t.reward, "judger_advantage": t.advantage, "input_ids": t.input_ids, "labels": t.labels}
+        for t in kept
+    ]
 
 
 def dump_trajectories(run_dir: str, step: int, records: Iterable[dict[str, Any]], *, debug: bool) -> None:

@@ -2,8 +2,9 @@
 outside the plain models (``parallelize``), and the step's few collectives as named functions.
 
 One code path: a process started without ``torchrun`` is rank 0 of a world of 1 and every
-collective here returns its input. ``parallelize`` follows torchtitan's order (selective recompute
-is already applied by ``oreal_fast.recompute``, then ``fully_shard`` per block, then the root).
+collective here returns its input. ``parallelize`` is the sharding half of torchtitan's order
+(``runtime.load_rl_models`` applies recompute first, then ``runtime.prepare_model`` this: ``fully_shard``
+per block, then the root).
 What this module does not do: decide what is gathered or split (the trainer and ``rl_step`` do),
 or any tensor, sequence or pipeline parallelism.
 
@@ -76,29 +77,27 @@ def close_data_parallel() -> None:
         dist.destroy_process_group()
 
 
-def parallelize(model: torch.nn.Module, blocks: torch.nn.ModuleList, device: torch.device) -> torch.nn.Module:
+def parallelize(model: torch.nn.Module, blocks: torch.nn.ModuleList,
+                mp_policy: MixedPrecisionPolicy) -> torch.nn.Module:
     """FSDP2 over the whole world: ``fully_shard`` on each of ``blocks``, then on ``model`` (its
     embedding, final norm and head gather as one unit with the root).
 
-    On CUDA the policy gathers parameters in bf16 and reduces gradients in fp32; on CPU both stay
-    fp32. Gradients are SUMmed (see the module invariant). A frozen model (no parameter requires
-    grad) is sharded the same way: only its forwards gather.
+    ``mp_policy`` comes from the run's one compute dtype (``runtime.Precision.fsdp_policy``).
+    Gradients are SUMmed (see the module invariant). A frozen model (no parameter requires grad)
+    is sharded the same way: only its forwards gather.
 
     Args:
-        model: a plain ``Decoder`` or ``TokenRewardModel``, on ``device``, recompute already applied.
+        model: a plain ``Decoder`` or ``TokenRewardModel``, recompute already applied.
         blocks: its decoder blocks (``model.blocks``, or ``model.backbone.blocks`` for the token RM).
+        mp_policy: the dtypes parameters are gathered and gradients reduced in.
 
     Returns:
         ``model``, now an ``FSDPModule`` with DTensor parameters.
     """
-    if device.type == "cuda":
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    else:
-        policy = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
     for block in blocks:
-        fully_shard(block, mp_policy=policy)
+        fully_shard(block, mp_policy=mp_policy)
         _sum_gradients(block)
-    fully_shard(model, mp_policy=policy)
+    fully_shard(model, mp_policy=mp_policy)
     _sum_gradients(model)
     return model
 
@@ -145,11 +144,6 @@ def load_weights(dst: torch.nn.Module, weights: Iterable[tuple[str, torch.Tensor
                        f"e.g. {sorted(set(own) - seen)[0]!r}")
 
 
-def copy_full_weights(dst: torch.nn.Module, src: torch.nn.Module) -> None:
-    """``src``'s weights into ``dst``'s tensors in place (``load_weights`` of ``full_weights``)."""
-    load_weights(dst, full_weights(src))
-
-
 def gather_lists(dp: DataParallel, items: list[T]) -> list[T]:
     """Every rank's list, concatenated in rank order (picklable items; reference 4.5's all-gather)."""
     if not dp.enabled:
@@ -168,15 +162,6 @@ def sum_over_ranks(dp: DataParallel, tensors: list[torch.Tensor]) -> list[torch.
     return [x.to(t.dtype) for x, t in zip(flat.unbind(), tensors)]
 
 
-def max_over_ranks(dp: DataParallel, value: int) -> int:
-    """The largest ``value`` over ranks (a host int; one small collective)."""
-    if not dp.enabled:
-        return value
-    t = torch.tensor([value], dtype=torch.int64, device=_collective_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
-
-
 def broadcast_from_main(dp: DataParallel, value: T) -> T:
     """Rank 0's ``value`` on every rank (picklable; e.g. the run folder's name)."""
     if not dp.enabled:
@@ -185,7 +170,3 @@ def broadcast_from_main(dp: DataParallel, value: T) -> T:
     dist.broadcast_object_list(box, src=0)
     return box[0]
 
-
-def _collective_device() -> torch.device:
-    """NCCL moves CUDA tensors only; gloo CPU tensors."""
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")

@@ -1,5 +1,5 @@
 """The RL phase: global normalisers, then per packed micro-batch the forwards, token-RM loss and
-weights and the actor loss (4.7-4.11), and the optimiser steps (4.12).
+weights and the actor loss (4.7-4.11); the optimiser steps (4.12) are ``optimizers``'.
 
 Order: reference log-probs (no grad), token-RM scores -> RM BCE -> RM backward -> token weights,
 then the actor forward -> OREAL loss -> actor backward. The official order runs the actor first
@@ -8,10 +8,11 @@ actor's keeps only one model's activations alive at a time.
 
 Only the action positions (labels != -100) reach the LM head: their hidden rows are gathered inside
 the model's forward (the ``head`` argument), so prompt tokens cost no vocabulary-sized work and the
-head runs where a parameter-gathering wrapper (FSDP2) sees it. ``RLSettings`` holds everything the
-micro-step needs of the config, built once per run: the loss constants, the RM weight rule, the
-precision and which LM-head kernel computes the actor loss (``linear_logprob`` + the eager loss, or
-``fused_oreal_loss``, each with ``impl`` "triton" or "eager").
+head runs where a parameter-gathering wrapper (FSDP2) sees it; the LM-head kernels cast the head's
+inputs to the autocast dtype themselves. ``RLSettings`` holds everything the micro-step needs of
+the config, built once per run: the loss constants, the RM weight rule, the precision
+(``runtime.Precision``) and which LM-head kernel computes the actor loss (``linear_logprob`` + the
+eager loss, or ``fused_oreal_loss``, each with ``impl`` "triton" or "eager").
 
 Data parallel: ``rl_phase`` trains this rank's share of the kept list and returns sums over all
 ranks (``oreal_fast.parallel``); the losses are divided by global counts, so summed gradients are
@@ -23,7 +24,6 @@ Invariant: every returned value is a 0-d tensor on the model's device that SUMs 
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any, NamedTuple
@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 import torch
 
 from oreal_fast.algo import (
+    ActorLossInputs,
     LossCoefficients,
     Normalisers,
     actor_metric_sums,
@@ -44,37 +45,12 @@ from oreal_fast.algo import (
 )
 from oreal_fast.kernels import fused_oreal_loss, linear_logprob
 from oreal_fast.model.decoder import Decoder, TokenRewardModel
-from oreal_fast.parallel import DataParallel, full_tensor, sum_over_ranks
+from oreal_fast.parallel import DataParallel, sum_over_ranks
+from oreal_fast.runtime import Precision, RLModels, resolve_kernel_impl
 from oreal_fast.trajectories import (RLMicroBatch, Trajectory, iter_micro_batches, make_micro_batches,
                                      plan_micro_batches)
 
 LOSS_KERNELS = ("linear_logprob", "fused_oreal_loss")
-
-
-@dataclass
-class RLModels:
-    """The three models of the RL phase; ``token_rm`` is None when the config has no RM."""
-
-    actor: Decoder
-    reference: Decoder
-    token_rm: TokenRewardModel | None
-
-
-@dataclass(frozen=True)
-class Precision:
-    """How forwards run: ``compute_dtype`` for matmuls (autocast on CUDA), fp32 masters elsewhere."""
-
-    device: torch.device
-    compute_dtype: torch.dtype
-
-    def autocast(self) -> contextlib.AbstractContextManager:
-        if self.device.type == "cuda" and self.compute_dtype != torch.float32:
-            return torch.autocast("cuda", dtype=self.compute_dtype)
-        return contextlib.nullcontext()
-
-    def kernels_own_precision(self) -> contextlib.AbstractContextManager:
-        """The LM-head kernels and their eager twins pick their own precisions: autocast must not recast them."""
-        return torch.autocast(self.device.type, enabled=False)
 
 
 @dataclass(frozen=True)
@@ -115,6 +91,12 @@ class RLSettings:
         if self.loss_kernel not in LOSS_KERNELS:
             raise ValueError(f"RLSettings.loss_kernel {self.loss_kernel!r}: expected one of {LOSS_KERNELS}")
 
+    @classmethod
+    def from_config(cls, cfg: Any, precision: Precision) -> "RLSettings":
+        """What every micro-step needs of the config, built once per run."""
+        return cls(LossCoefficients.from_config(cfg), TokenWeightRule.from_config(cfg), precision,
+                   impl=resolve_kernel_impl(cfg.loss_impl, precision.device), loss_kernel=cfg.loss_kernel)
+
 
 class MicroStepSums(NamedTuple):
     """0-d fp32 sums of one micro-batch (already divided by the step's global normalisers)."""
@@ -129,14 +111,12 @@ class MicroStepSums(NamedTuple):
     num_action_tokens: torch.Tensor
 
 
-def _action_head(batch: RLMicroBatch, settings: RLSettings, lm_head):
-    """A ``Decoder.forward`` head: gathers the action rows, casts to the compute dtype, applies ``lm_head``."""
-    dtype = settings.precision.compute_dtype
+def _action_head(batch: RLMicroBatch, lm_head):
+    """A ``Decoder.forward`` head: gathers the action rows and applies ``lm_head`` (an LM-head
+    kernel, which casts to the autocast dtype itself)."""
 
     def head(hidden: torch.Tensor, weight: torch.Tensor):
-        hidden = hidden.index_select(0, batch.action_index)  # (A, H)
-        with settings.precision.kernels_own_precision():
-            return lm_head(hidden.to(dtype), weight.to(dtype))
+        return lm_head(hidden.index_select(0, batch.action_index), weight)  # (A, H) rows
 
     return head
 
@@ -144,7 +124,7 @@ def _action_head(batch: RLMicroBatch, settings: RLSettings, lm_head):
 def action_logprobs(model: Decoder, batch: RLMicroBatch, settings: RLSettings) -> torch.Tensor:
     """log pi(a_t) of every action token of the micro-batch, packed: ``[A]`` fp32."""
     row, labels = batch.row, batch.action_labels
-    head = _action_head(batch, settings, lambda h, w: linear_logprob(h, w, labels, impl=settings.impl))
+    head = _action_head(batch, lambda h, w: linear_logprob(h, w, labels, impl=settings.impl))
     with settings.precision.autocast():
         return model(row.input_ids, row.positions, row.cu_seqlens, row.max_seqlen, head=head)
 
@@ -176,14 +156,14 @@ def actor_loss(
     """Actor forward and the OREAL loss terms (4.11) with the configured kernel; -> (terms, logprobs [A])."""
     advantages = batch.advantages.index_select(0, batch.action_seq)  # (A,)
     is_positive = (batch.rewards > 0).index_select(0, batch.action_seq)  # (A,)
+    inputs = ActorLossInputs(ref_lp, advantages, is_positive, w_pos, w_neg, norm)
     row, labels, coefs = batch.row, batch.action_labels, settings.coefficients
     if settings.loss_kernel == "fused_oreal_loss":
-        head = _action_head(batch, settings, lambda h, w: fused_oreal_loss(
-            h, w, labels, ref_lp, advantages, is_positive, w_pos, w_neg, norm, coefs, impl=settings.impl))
+        head = _action_head(batch, lambda h, w: fused_oreal_loss(h, w, labels, inputs, coefs, impl=settings.impl))
         with settings.precision.autocast():
             return actor(row.input_ids, row.positions, row.cu_seqlens, row.max_seqlen, head=head)
     lp = action_logprobs(actor, batch, settings)
-    return oreal_actor_loss(lp, ref_lp, advantages, is_positive, w_pos, w_neg, norm, coefs), lp
+    return oreal_actor_loss(lp, inputs, coefs), lp
 
 
 def rl_micro_step(
@@ -232,8 +212,9 @@ def rl_phase(
     With data parallelism every rank holds the whole kept list: the normalisers count all of it,
     the rank trains its contiguous share (``DataParallel.share``, no trajectory twice: Q3), and a
     rank with fewer micro-batches than the busiest one runs zero-weight padding micro-batches
-    (``rl_micro_step(pad=True)``) so that every rank makes the same FSDP collectives. The counts
-    come from host lengths every rank knows, so this needs no collective of its own.
+    (``rl_micro_step(pad=True)``) so that every rank makes the same FSDP collectives. Every rank
+    plans all ranks' micro-batches once, from host lengths every rank knows, so this needs no
+    collective of its own.
 
     Args:
         kept: the step's kept trajectories (at least one), the same list on every rank.
@@ -246,29 +227,14 @@ def rl_phase(
     lens = torch.tensor([t.num_actions for t in kept]).to(device, non_blocking=True)
     rewards = torch.tensor([t.reward for t in kept]).to(device, non_blocking=True)
     norm = global_normalisers(lens, rewards)
-    num_micro = [len(plan_micro_batches([t.num_tokens for t in share], micro_batch_size, token_budget))
-                 for share in (DataParallel(r, dp.world_size).share(kept) for r in range(dp.world_size))]
-    num_pad = max(num_micro) - num_micro[dp.rank]
-    pads = make_micro_batches(kept[:1], 1, 0, device) * num_pad if num_pad else []
+    plans = [plan_micro_batches([t.num_tokens for t in share], micro_batch_size, token_budget)
+             for share in (DataParallel(r, dp.world_size).share(kept) for r in range(dp.world_size))]
+    num_pad = max(len(plan) for plan in plans) - len(plans[dp.rank])
+    pads = make_micro_batches(kept[:1], [range(1)], device) * num_pad if num_pad else []
     # packed one at a time, each while the GPU still runs the one before (iter_micro_batches)
-    micro_batches = iter_micro_batches(dp.share(kept), micro_batch_size, token_budget, device)
+    micro_batches = iter_micro_batches(dp.share(kept), plans[dp.rank], device)
     total = None
     for micro, pad in chain(((m, False) for m in micro_batches), ((m, True) for m in pads)):
         sums = rl_micro_step(models, micro, norm, settings, update_actor=update_actor, pad=pad)
         total = sums if total is None else MicroStepSums(*(a + b for a, b in zip(total, sums)))
     return MicroStepSums(*sum_over_ranks(dp, list(total)))
-
-
-def clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
-    """Global L2 clip with coefficient min(1, max_norm / (norm + 1e-6)), AdamW step, zero grads (4.12).
-
-    With FSDP2 the parameters are DTensor shards: the norm is over the whole model, as the clip
-    coefficient needs, and comes back as a plain tensor.
-
-    Returns:
-        The pre-clip gradient norm, 0-d on the device (read it once per step, with the metrics).
-    """
-    norm = full_tensor(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return norm

@@ -5,7 +5,9 @@ made with an exclusive ``mkdir`` so two runs started in the same second never sh
 name is ever reused. Before anything is written into it, the process takes an exclusive
 ``fcntl.flock`` on ``run.lock`` inside it and writes its PID there; a resume of a folder a live run
 holds stops with the holder's PID. The kernel drops the lock when the process ends, however it
-ends (``kill -9`` too). What this module does not do: write checkpoints or metrics.
+ends (``kill -9`` too). It takes folders, not the config: a failure is a :class:`RunFolderError`
+naming the config key that chose the folder, and the caller adds the config file's name. What this
+module does not do: write checkpoints or metrics, or decide how much room they need.
 
 Invariant: while a :class:`RunFolder` is open, its process is the only one writing the folder.
 """
@@ -18,11 +20,20 @@ import re
 import shutil
 from datetime import datetime
 
-from oreal_fast.config import ConfigError, TrainConfig
+from oreal_fast.config import ConfigError
 
 LOCK_FILE = "run.lock"
 # what an interrupted atomic write leaves: NAME.tmp-PID (being written) or NAME.old-PID (being replaced)
 _PARTIAL = re.compile(r"\.(tmp|old)-\d+$")
+
+
+class RunFolderError(ConfigError):
+    """A run folder that cannot be made, locked or written; ``key`` is the config key that chose it
+    (``work_dir`` or ``resume``), which the caller names together with the config file."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 class CheckpointWriteError(Exception):
@@ -32,38 +43,30 @@ class CheckpointWriteError(Exception):
     resume_dir: str | None = None
 
 
-def _nearest_existing(path: str) -> str:
+def nearest_existing(path: str) -> str:
+    """``path``, or its nearest ancestor that exists (where a folder to be made would land)."""
     path = os.path.abspath(path)
     while not os.path.lexists(path):
         path = os.path.dirname(path)
     return path
 
 
-def check_work_dir(cfg: TrainConfig) -> None:
-    """``work_dir`` exists as a writable folder, or can be created: else a config error naming it.
+def free_bytes(path: str) -> int:
+    """Bytes free on the filesystem ``path`` is on (or would be on)."""
+    return shutil.disk_usage(nearest_existing(path)).free
+
+
+def check_work_dir(work_dir: str) -> None:
+    """``work_dir`` exists as a writable folder, or can be created; else a RunFolderError.
 
     Nothing is created here, so a start that fails later leaves no trace in ``work_dir``.
     """
-    existing = _nearest_existing(cfg.work_dir)
-    where = f"work_dir in {cfg.config_path}"
+    existing = nearest_existing(work_dir)
     if not os.path.isdir(existing):
-        below = "is" if existing == os.path.abspath(cfg.work_dir) else "would be below"
-        raise ConfigError(f"{where}: {cfg.work_dir!r} {below} the regular file {existing!r}; "
-                          "a folder is needed")
+        below = "is" if existing == os.path.abspath(work_dir) else "would be below"
+        raise RunFolderError("work_dir", f"{work_dir!r} {below} the regular file {existing!r}; a folder is needed")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"{where}: {existing!r} is not writable by this user, so {cfg.work_dir!r} "
-                          "cannot be used")
-
-
-def check_free_space(cfg: TrainConfig, path: str, need: int, detail: str) -> None:
-    """A config error naming ``work_dir`` when the filesystem of ``path`` has less than ``need`` bytes free."""
-    from oreal_fast.checkpoint import size_text
-
-    free = shutil.disk_usage(_nearest_existing(path)).free
-    if free < need:
-        raise ConfigError(f"work_dir in {cfg.config_path}: a checkpoint needs {size_text(need)} ({detail}) "
-                          f"but {_nearest_existing(path)} has {size_text(free)} free; free some space, "
-                          "pick another work_dir or lower keep_resume_states")
+        raise RunFolderError("work_dir", f"{existing!r} is not writable by this user, so {work_dir!r} cannot be used")
 
 
 class RunFolder:
@@ -74,29 +77,29 @@ class RunFolder:
         self._lock_fd = lock_fd
 
     @classmethod
-    def create(cls, cfg: TrainConfig, now: datetime | None = None) -> RunFolder:
+    def create(cls, work_dir: str, now: datetime | None = None) -> RunFolder:
         """A new, uniquely named folder under ``work_dir``, locked before it is returned."""
         stamp = (now or datetime.now()).strftime("%Y%m%d%H%M%S")
         try:
-            os.makedirs(cfg.work_dir, exist_ok=True)
+            os.makedirs(work_dir, exist_ok=True)
             for n in range(1, 10_000):
-                path = os.path.join(cfg.work_dir, stamp if n == 1 else f"{stamp}-{n}")
+                path = os.path.join(work_dir, stamp if n == 1 else f"{stamp}-{n}")
                 try:
                     os.mkdir(path)  # exclusive: fails if another run made this name first
                     break
                 except FileExistsError:
                     continue
             else:
-                raise ConfigError(f"work_dir in {cfg.config_path}: 9999 run folders named {stamp}* exist")
+                raise RunFolderError("work_dir", f"9999 run folders named {stamp}* exist")
         except OSError as e:
-            raise ConfigError(f"work_dir in {cfg.config_path}: cannot create a run folder in "
-                              f"{cfg.work_dir!r} ({os.strerror(e.errno) if e.errno else e})") from e
-        return cls(path, _lock(path, cfg))
+            raise RunFolderError("work_dir", f"cannot create a run folder in {work_dir!r} "
+                                 f"({os.strerror(e.errno) if e.errno else e})") from e
+        return cls(path, _lock(path))
 
     @classmethod
-    def reopen(cls, path: str, cfg: TrainConfig) -> RunFolder:
+    def reopen(cls, path: str) -> RunFolder:
         """An existing run folder (a resume), locked; fails naming the PID of a live run holding it."""
-        return cls(path, _lock(path, cfg))
+        return cls(path, _lock(path))
 
     def remove_partial_writes(self) -> str | None:
         """Removes what interrupted atomic writes left (``*.tmp-PID``, ``*.old-PID``) in the folder and
@@ -125,20 +128,21 @@ class RunFolder:
             self._lock_fd = -1
 
 
-def _lock(path: str, cfg: TrainConfig) -> int:
+def _lock(path: str) -> int:
+    """Takes the folder's lock and writes this PID into it."""
     lock_path = os.path.join(path, LOCK_FILE)
     try:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
-        raise ConfigError(f"work_dir in {cfg.config_path}: cannot write into the run folder {path!r} "
-                          f"({os.strerror(e.errno) if e.errno else e})") from e
+        raise RunFolderError("work_dir", f"cannot write into the run folder {path!r} "
+                             f"({os.strerror(e.errno) if e.errno else e})") from e
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
         os.close(fd)
-        raise ConfigError(f"resume in {cfg.config_path}: the run folder {path} is in use by the live process "
-                          f"PID {holder} (it holds {LOCK_FILE}); wait for it to end or stop it first") from None
+        raise RunFolderError("resume", f"the run folder {path} is in use by the live process PID {holder} (it "
+                             f"holds {LOCK_FILE}); wait for it to end or stop it first") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd

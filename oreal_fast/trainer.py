@@ -1,8 +1,13 @@
-"""The OREAL step loop (reference section 4), single process; ``train(cfg)`` runs a whole job.
+"""The OREAL step loop (reference section 4), in one process or one of several under ``torchrun``;
+``train(cfg)`` runs a whole job.
 
+``Trainer`` assembles finished parts and calls them: the runtime (device, data-parallel world,
+compute dtype, the models held that way: ``runtime``), run state on disk (``checkpoint_manager``),
+the prompts (``data.source``), the optimisers (``optimizers``), the rollout engine
+(``rollout.build_rollout``), the judger (``judge``) and the held-out evaluator (``evaluator``).
 ``Trainer.step`` reads like the reference's step list, one call per numbered part; the math lives
-in ``oreal_fast.algo``, the micro-batch work in ``rl_step``, generation in ``rollout``, judging in
-``judge``. This module only orchestrates and keeps the run's state.
+in ``oreal_fast.algo``, the micro-batch work in ``rl_step``, the step's record, clock and metrics in
+``step_record``. This module builds no engine, decides no dtype and writes no file itself.
 
 Where we differ from the official trainer (details and reasons in docs/differences.md):
  1. Log-probs, KL, token weights and losses are computed in fp32, not rounded to bf16 (8.5-8.6).
@@ -14,76 +19,46 @@ Where we differ from the official trainer (details and reasons in docs/differenc
     them; ``--resume`` continues a run, SIGINT / SIGTERM stop it at a safe point (``interrupt``).
  6. The judger has timeouts everywhere; a verifier failure is still reward -1, but counted.
  7. The reference forward and the token RM run before the actor in each micro-batch (10.3 allows it).
- 8. Optional held-out validation (``val_*`` keys, ``oreal_fast.evaluate``) on its own generator; the
+ 8. Optional held-out validation (``val_*`` keys, ``oreal_fast.evaluator``) on its own generator; the
     official trainer evaluates checkpoints separately. It leaves the training stream as it was.
  9. Metrics are reduced over ranks (global), written once by rank 0; the official ranks each write
     their own per-replica values (Q17). Resume states are written by a single process only.
+10. A loss or gradient norm that is not finite stops the run before the optimizer step applies it.
 Data parallel (``torchrun``, ``oreal_fast.parallel``) follows reference 3.4 and 6: each rank generates
-and judges its strided share of the step's prompts; the samples and rewards are all-gathered, so
-every rank computes the same advantages and filter over the global list; each rank trains its
-contiguous share of the kept list (Q3: none twice) with the global normalisers; rank 0 writes.
+and judges its strided share of the step's prompts; the step's samples and rewards are all-gathered
+once, so every rank computes the same advantages and filter over the global list; each rank trains
+its contiguous share of the kept list (Q3: none twice) with the global normalisers; rank 0 writes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import random
-import resource
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from oreal_fast import checkpoint as ckpt
 from oreal_fast import oom
-from oreal_fast.algo import (
-    ActorMetricSums,
-    LossCoefficients,
-    OfficialLRScheduler,
-    actor_metrics,
-    compute_advantages,
-    select_trajectories,
-)
-from oreal_fast.config import ConfigError, TrainConfig, compatibility_notes, validate_stop_word
-from oreal_fast.data.chat import render_prompt_ids
-from oreal_fast.data.prompts import DataError, PromptRecord, balance_by_difficulty, load_prompt_records
-from oreal_fast.data.sampler import PromptSampler, repeat_k
-from oreal_fast.evaluate import Evaluator, validation_due
+from oreal_fast.algo import compute_advantages, select_trajectories
+from oreal_fast.checkpoint_manager import CheckpointManager, TrainState
+from oreal_fast.config import TrainConfig, compatibility_notes
+from oreal_fast.data.source import PromptSource
+from oreal_fast.evaluator import Evaluator, validation_due
 from oreal_fast.health import health_counters
 from oreal_fast.interrupt import StopRun, StopSignals
-from oreal_fast.judge import JudgeItem, Router
-from oreal_fast.kernels.trunk_train import trunk_ops_for
-from oreal_fast.metrics import MetricsWriter, SilentMetrics, dump_trajectories
-from oreal_fast.model.decoder import max_rope_positions
-from oreal_fast.model.hf_io import load_decoder, load_token_rm, load_tokenizer
-from oreal_fast.parallel import (
-    DataParallel,
-    broadcast_from_main,
-    close_data_parallel,
-    full_state_dict,
-    full_weights,
-    gather_lists,
-    init_data_parallel,
-    parallelize,
-)
-from oreal_fast.recompute import apply_recompute_plan
-from oreal_fast.rl_step import (
-    MicroStepSums,
-    Precision,
-    RLModels,
-    RLSettings,
-    TokenWeightRule,
-    clip_and_step,
-    rl_phase,
-)
+from oreal_fast.judge import Router
+from oreal_fast.metrics import MetricsWriter, SilentMetrics, dump_trajectories, trajectory_rows
+from oreal_fast.optimizers import build_optimizers
+from oreal_fast.parallel import DataParallel, close_data_parallel, full_weights, init_data_parallel
+from oreal_fast.rl_step import MicroStepSums, RLSettings, rl_phase
 from oreal_fast.rollout import RolloutEngine, build_rollout, sampling_params
-from oreal_fast.run_dir import CheckpointWriteError, RunFolder, check_free_space, check_work_dir
+from oreal_fast.run_dir import CheckpointWriteError
+from oreal_fast.runtime import build_runtime, load_chat_tokenizer, load_rl_models, resolve_device
+from oreal_fast.step_record import StepClock, StepSamples, loss_metrics, step_metrics
 from oreal_fast.trajectories import Trajectory
 
 log = logging.getLogger("oreal_fast")
@@ -96,76 +71,8 @@ def set_random_seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-@contextlib.contextmanager
-def model_ref_errors(cfg: TrainConfig, key: str):
-    """A model or tokenizer that cannot be loaded is a config error naming its key (one line on the
-    command line, exit 2), not a traceback from deep inside the loader."""
-    try:
-        yield
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{key} in {cfg.config_path}: {e}") from e
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> CUDA when visible, else CPU (the config has checked that a named one exists).
-
-    A CUDA device comes with its index (the current device): the memory queries and caps of
-    ``torch.cuda`` refuse a bare ``cuda``.
-    """
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device("cuda", torch.cuda.current_device()) if name == "cuda" else torch.device(name)
-
-
-def resolve_precision(cfg: TrainConfig, device: torch.device) -> Precision:
-    """``dtype=auto``: bf16 on a GPU that has it, else fp16; on CPU fp32 (bf16 matmuls are slow there)."""
-    named = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-    if cfg.dtype in named:
-        dtype = named[cfg.dtype]
-    elif device.type == "cuda":
-        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    else:
-        dtype = torch.float32
-    return Precision(device, dtype)
-
-
-def resolve_loss_impl(cfg: TrainConfig, device: torch.device) -> str:
-    """``loss_impl`` -> the kernels' ``impl``: auto = Triton kernels on CUDA, the eager twin on CPU."""
-    if cfg.loss_impl == "auto":
-        return "triton" if device.type == "cuda" else "eager"
-    return cfg.loss_impl
-
-
-def rl_settings(cfg: TrainConfig, precision: Precision) -> RLSettings:
-    """What every micro-step needs of the config, built once per run."""
-    return RLSettings(LossCoefficients.from_config(cfg), TokenWeightRule.from_config(cfg), precision,
-                      impl=resolve_loss_impl(cfg, precision.device), loss_kernel=cfg.loss_kernel)
-
-
-def check_data_parallel(cfg: TrainConfig, dp: DataParallel) -> None:
-    """What a run of several processes cannot do yet is a config error before anything loads."""
-    if not dp.enabled:
-        return
-    where = f"in {cfg.config_path} with {dp.world_size} processes (torchrun)"
-    if cfg.keep_resume_states:
-        raise ConfigError(f"keep_resume_states {where}: resume states are written by one process only; "
-                          "set --keep_resume_states 0 (the hf-N folders are still written)")
-    if cfg.resume:
-        raise ConfigError(f"resume {where}: a run resumes in one process only")
-
-
-@dataclass
-class StepBatch:
-    """What one step generated: k copies of each prompt, their responses and decoded texts."""
-
-    records: list[PromptRecord]
-    prompt_ids: list[list[int]]
-    response_ids: list[list[int]]
-    response_texts: list[str]
-
-
 class Trainer:
-    """Holds the models, optimisers, schedulers, data and outputs of one run.
+    """One run: the parts it assembles, the step loop over them, and the run's outputs.
 
     ``rollout`` and ``router`` may be injected (tests script them); by default the actor's weights
     generate through the engine ``rollout_engine`` names and the config's judgers score. ``stop``
@@ -176,291 +83,98 @@ class Trainer:
     checkpoint, so a start that fails leaves nothing behind; a resumed run locks its folder first.
     """
 
-    def __init__(
-        self,
-        cfg: TrainConfig,
-        *,
-        rollout: RolloutEngine | None = None,
-        router: Router | None = None,
-        stop: StopSignals | None = None,
-        dp: DataParallel = DataParallel(),
-    ) -> None:
-        self.cfg = cfg
-        self.dp = dp
-        check_data_parallel(cfg, dp)
-        self.stop = stop or StopSignals()
-        self.device = resolve_device(cfg.device)
-        self.precision = resolve_precision(cfg, self.device)
-        self.rl_settings = rl_settings(cfg, self.precision)
-        if cfg.gpu_memory_limit_gib is not None:
-            total = torch.cuda.get_device_properties(self.device).total_memory
-            torch.cuda.set_per_process_memory_fraction(cfg.gpu_memory_limit_gib * 2**30 / total, self.device)
-        self._notes = compatibility_notes(cfg)  # start-up facts; the text log exists once the folder does
-        check_work_dir(cfg)
-        self.run, resume, resume_state = self._open_resume()
+    def __init__(self, cfg: TrainConfig, *, rollout: RolloutEngine | None = None, router: Router | None = None,
+                 stop: StopSignals | None = None, dp: DataParallel = DataParallel()) -> None:
+        self.cfg, self.stop, self.dp = cfg, stop or StopSignals(), dp
+        self.runtime = build_runtime(cfg, dp)  # device, compute dtype, kernels' impl
+        self.device = self.runtime.device
+        self.checkpoints = CheckpointManager.open(cfg, dp)  # a resume is chosen and verified first
         set_random_seed(cfg.seed)
-
-        with model_ref_errors(cfg, "actor"):
-            self.tokenizer = load_tokenizer(cfg.actor)
-        if cfg.chat_template is not None:
-            self.tokenizer.chat_template = cfg.chat_template
-        self.stop_token_id = validate_stop_word(cfg, self.tokenizer)
-        self.sampling_params = sampling_params(cfg, self.stop_token_id)
-
-        self._load_data()
+        self.tokenizer, stop_token_id = load_chat_tokenizer(cfg)
+        self.sampling_params = sampling_params(cfg, stop_token_id)
+        self.prompts = PromptSource(cfg, self.tokenizer)
         # held-out problems load (and fail) before any model does
-        self.evaluator = (Evaluator.from_config(cfg, tokenizer=self.tokenizer, stop_token_id=self.stop_token_id,
+        self.evaluator = (Evaluator.from_config(cfg, tokenizer=self.tokenizer, stop_token_id=stop_token_id,
                                                 device=self.device) if cfg.val_datasets is not None else None)
-        self.total_steps = min(cfg.total_steps, self.sampler.num_steps)  # official cap (3.4)
-        self._load_models()
-        self._build_optimizers()
+        self.total_steps = min(cfg.total_steps, self.prompts.sampler.num_steps)  # official cap (3.4)
+        self.models, models_note = load_rl_models(cfg, self.runtime)  # trunk ops, recompute, FSDP
+        self.optimizers = build_optimizers(cfg, self.models, self.total_steps, self.device)
+        self.rl_settings = RLSettings.from_config(cfg, self.runtime.precision)
         # The Router draws its first verifier host from Python's global `random`, as the official
         # judger does, before any filter draw (Q15): build it after seeding, before the first step.
         self.router = router or Router(cfg.judgers_config, cfg.data_judger_mapping)
         # ranks sample different prompts; their own streams keep their samples independent
         self.sampling_generator = torch.Generator(device=self.device).manual_seed(cfg.seed + dp.rank)
+        self.start_step = self.checkpoints.attach(
+            TrainState(self.models, self.optimizers, self.prompts.sampler, self.sampling_generator),
+            self.tokenizer, self.total_steps)
+        # built after the restore: an engine copies the (restored) actor and sizes its pool from the memory left
+        self.rollout = rollout or build_rollout(
+            cfg, self.models.actor, compute_dtype=self.runtime.compute_dtype, num_sessions=cfg.gen_global_batch,
+            optimizers=self.optimizers.all(), data_parallel=dp.enabled)
+        self.checkpoints.check_disk()
+        self._open_outputs([models_note])
         self._progress: tqdm | None = None  # the progress bar, while fit() runs
         self._last_summary = "starting"
-        self.start_step = 0
-        self._state_on_disk = resume.path if resume else None  # the newest state this run may resume from
-        if resume_state is not None:
-            self._restore(resume_state, resume.path)
-        # built after the restore: an engine copies the (restored) actor and sizes its pool from
-        # the memory that is left
-        optimizers = [o for o in (self.actor_optimizer, self.rm_optimizer) if o is not None]
-        self.rollout = rollout or build_rollout(cfg, self.models.actor, compute_dtype=self.precision.compute_dtype,
-                                                num_sessions=cfg.gen_global_batch, optimizers=optimizers,
-                                                data_parallel=dp.enabled)
-        self._check_disk()
-        fresh = self.run is None
-        if dp.is_main:
-            self.run = self.run or RunFolder.create(cfg)
-        self.run_dir = broadcast_from_main(dp, self.run.path if dp.is_main else None)
-        try:
-            self.metrics = (MetricsWriter(self.run_dir, log_interval=cfg.log_interval) if dp.is_main
+        self._done = self.start_step  # steps finished
+
+    def _open_outputs(self, notes: list[str]) -> None:
+        """The run folder (a fresh one only now that everything has loaded), its metrics files, and
+        the start-up notes (``notes``, the config's and the checkpoints') in its text log."""
+        self.run_dir = self.checkpoints.open_run_folder()
+        with self.checkpoints.first_writes():
+            self.metrics = (MetricsWriter(self.run_dir, log_interval=self.cfg.log_interval) if self.dp.is_main
                             else SilentMetrics())
-        except BaseException:
-            if fresh:
-                self.run.remove()
-            raise
-        if resume_state is not None:
+        if self.checkpoints.resumed:
             self.metrics.truncate_after(self.start_step)
-        for note in self._notes:
+        for note in compatibility_notes(self.cfg) + notes + self.checkpoints.notes:
             log.info(note)
             self.metrics.log_text(note)
-
-    # ----------------------------------------------------------------------------------------
-    # construction
-
-    def _open_resume(self) -> tuple[RunFolder | None, ckpt.ResumeChoice | None, dict | None]:
-        """``--resume``: lock the run folder, clear interrupted writes, load the newest state that verifies."""
-        cfg = self.cfg
-        if not cfg.resume:
-            return None, None, None
-        run_dir = ckpt.resume_run_dir(cfg.resume, cfg.work_dir)
-        if run_dir is None:
-            self._notes.append(f"no resume state under {cfg.work_dir}; starting a new run")
-            return None, None, None
-        if not ckpt.state_steps(run_dir):  # checked before locking: never put a lock file into a stranger's folder
-            raise ConfigError(f"resume in {cfg.config_path}: {run_dir}: no resume state there (expected "
-                              f"{ckpt.RESUME_DIR}/state-N.pt with its manifest state-N.json)")
-        run = RunFolder.reopen(run_dir, cfg)
-        freed = run.remove_partial_writes()
-        if freed:
-            self._notes.append(freed)
-        try:
-            choice = ckpt.choose_resume_state(cfg.resume, run_dir)
-        except ckpt.NoResumeState as e:
-            run.close()
-            raise ConfigError(f"resume in {cfg.config_path}: {e}") from None
-        if choice.damaged:
-            self._notes.append(choice.fallback_note())
-            for step, _ in choice.damaged:
-                ckpt.remove_state(run_dir, step)
-        try:
-            state = ckpt.load_resume_state(choice.path)
-        except Exception as e:  # verified bytes that still do not unpickle: another version wrote them
-            raise ConfigError(f"resume in {cfg.config_path}: {choice.path} verifies but cannot be loaded "
-                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
-        return run, choice, state
-
-    def _check_disk(self) -> None:
-        """The filesystem holds one more HF folder and the kept resume states, or the run does not start."""
-        cfg = self.cfg
-        trained = [m for m in (self.models.actor, self.models.token_rm) if m is not None]
-        hf, state = ckpt.checkpoint_bytes(self.models.actor, trained)
-        every = cfg.checkpoint_every()
-        saves = sum(1 for s in range(self.start_step, self.total_steps)
-                    if (s + 1) % every == 0 or s + 1 == self.total_steps)
-        kept = min(cfg.keep_resume_states, saves)
-        on_disk = 0 if self.run is None else ckpt.states_bytes(self.run.path)
-        need = hf + max(0, kept * state - on_disk) if saves else 0
-        where = self.run.path if self.run is not None else cfg.work_dir
-        detail = f"HF folder {ckpt.size_text(hf)} + {kept} resume state(s) x {ckpt.size_text(state)}"
-        check_free_space(cfg, where, need, detail + (f", {ckpt.size_text(on_disk)} on disk" if on_disk else ""))
-
-    def _load_data(self) -> None:
-        """Prompt records -> difficulty balancing -> seeded sampler (3.1-3.4)."""
-        records = load_prompt_records(self.cfg.datasets, max_prompts=self.cfg.max_prompts)
-        self.records = balance_by_difficulty(records, self.cfg.data_difficulty_balance_cfg)
-        if not self.records:
-            raise DataError(
-                f"datasets {self.cfg.datasets!r}: no prompt to train on ({len(records)} records read, "
-                f"none left after difficulty balancing with {self.cfg.data_difficulty_balance_cfg})"
-            )
-        prompts_per_step = self.cfg.gen_global_batch // self.cfg.prompt_repeat_k
-        self.sampler = PromptSampler(len(self.records), prompts_per_step, self.cfg.seed)
-        self._prompt_ids: dict[int, list[int]] = {}
-
-    def _load_models(self) -> None:
-        """Actor and token RM as fp32 masters, the frozen reference in the compute dtype (1.1)."""
-        cfg, device, compute = self.cfg, self.device, self.precision.compute_dtype
-        ops = trunk_ops_for(cfg.trunk_kernels, device)
-        with model_ref_errors(cfg, "actor"):
-            actor = load_decoder(cfg.actor, dtype=torch.float32, device=device, compute_dtype=compute, trunk_ops=ops)
-        with model_ref_errors(cfg, "reference"):
-            reference = load_decoder(cfg.reference or cfg.actor, dtype=compute, device=device, trunk_ops=ops)
-        reference.requires_grad_(False).eval()
-        if cfg.gen_max_length > max_rope_positions(actor.config):
-            raise ConfigError(f"gen_max_length in {cfg.config_path}: {cfg.gen_max_length} is above the "
-                              f"{max_rope_positions(actor.config)} positions the actor's rope table covers")
-        token_rm = None
-        if cfg.token_level_rm is not None:
-            with model_ref_errors(cfg, "token_level_rm"):
-                token_rm = load_token_rm(cfg.token_level_rm, dtype=torch.float32, device=device, compute_dtype=compute,
-                                         trunk_ops=ops)
-        # the trained models keep activations for backward: recompute the blocks memory needs (or the config's ratio)
-        self._notes.append(apply_recompute_plan(cfg, [actor] + ([token_rm.backbone] if token_rm is not None else []), compute))
-        if self.dp.enabled:  # FSDP2 after recompute, before the optimisers see the parameters
-            parallelize(actor, actor.blocks, device)
-            parallelize(reference, reference.blocks, device)
-            if token_rm is not None:
-                parallelize(token_rm, token_rm.backbone.blocks, device)
-        self.models = RLModels(actor, reference, token_rm)
-
-    def _build_optimizers(self) -> None:
-        """AdamW with torch defaults and weight decay on every parameter; the official LR stepping (1.2, 4.13)."""
-        cfg = self.cfg
-        fused = self.device.type == "cuda"
-        self.actor_optimizer = torch.optim.AdamW(
-            self.models.actor.parameters(), lr=cfg.actor_lr, weight_decay=cfg.wd, fused=fused)
-        self.actor_scheduler = OfficialLRScheduler(
-            self.actor_optimizer, peak_lr=cfg.actor_lr, min_lr=_or(cfg.actor_min_lr, cfg.actor_lr),
-            warmup_steps=cfg.warmup_steps, total_steps=self.total_steps, branch_warmup_steps=cfg.warmup_steps)
-        self.rm_optimizer = self.rm_scheduler = None
-        if self.models.token_rm is not None:
-            rm_warmup = _or(cfg.rm_warmup_steps, cfg.warmup_steps)
-            self.rm_optimizer = torch.optim.AdamW(
-                self.models.token_rm.parameters(), lr=cfg.token_level_rm_lr, weight_decay=cfg.wd, fused=fused)
-            self.rm_scheduler = OfficialLRScheduler(
-                self.rm_optimizer, peak_lr=cfg.token_level_rm_lr,
-                min_lr=_or(cfg.token_level_rm_lr_min, cfg.token_level_rm_lr),
-                warmup_steps=rm_warmup, total_steps=self.total_steps, branch_warmup_steps=cfg.warmup_steps)
 
     # ----------------------------------------------------------------------------------------
     # the step (reference 4.1 - 4.14)
 
     def step(self, step: int) -> dict:
         """One RL step; returns its metrics (official keys first)."""
-        cfg = self.cfg
-        t_start = time.perf_counter()
-        peaks = PhasePeaks(self.device)
-        actor_lr, rm_lr = self.step_schedulers(step)                                    # 4.1, 4.13
+        cfg, clock = self.cfg, StepClock(self.device)
+        actor_lr, rm_lr = self.optimizers.step_schedulers(step)                         # 4.1, 4.13
         update_actor = step >= cfg.actor_freeze_steps                                   # 4.1, 4.14
         self._phase("generate")
-        batch, gen_time = self.generate(step)                                           # 3.4, 3.5, 4.2
-        peaks.end_phase("gen")
+        samples = self.generate(step, clock)                                            # 3.4, 3.5, 4.2
         self._phase("judge")
-        with ThreadPoolExecutor(max_workers=1) as pool:                                 # 4.3 runs while
-            judging = pool.submit(_timed, self.judge, batch)                            # 4.6 repacks
-            t_infer = time.perf_counter()
-            trajectories = self.build_trajectories(batch)                               # 4.6
-            infer_time = time.perf_counter() - t_infer
-            (rewards, judge_counters), judge_time = judging.result()
-        batch, trajectories, rewards, judge_counters = self.gather_step(  # 4.5: every rank holds
-            batch, trajectories, rewards, judge_counters)                 # the global list
-        advantages = compute_advantages(torch.tensor(rewards), cfg.prompt_repeat_k, cfg.reward_shaping_type)  # 4.4
-        for t, r, a in zip(trajectories, rewards, advantages.tolist()):
-            t.reward, t.advantage = r, a
-        selection = select_trajectories(rewards, cfg.prompt_repeat_k, random, cfg.filter_trajectory)  # 4.5
-        kept = [trajectories[i] for i in selection.indices]
+        with clock.phase("judge"):
+            samples = self.judge(samples)                                               # 4.3
+        samples = samples.gathered(self.dp)                                             # 4.5: the global list
+        advantages = compute_advantages(torch.tensor(samples.rewards), cfg.prompt_repeat_k,
+                                        cfg.reward_shaping_type)                        # 4.4
+        with clock.phase("infer"):
+            trajectories = samples.trajectories(advantages.tolist())                    # 4.6
+        selection = select_trajectories(samples.rewards, cfg.prompt_repeat_k, random, cfg.filter_trajectory)
+        kept = [trajectories[i] for i in selection.indices]                             # 4.5
         if self.dp.is_main:
-            dump_trajectories(self.run_dir, step, self._dump_records(kept), debug=cfg.debug)
+            dump_trajectories(self.run_dir, step, trajectory_rows(kept, self.tokenizer.decode), debug=cfg.debug)
         self._phase("rl")
-        t_rl = time.perf_counter()
-        sums = self.rl_phase(kept, update_actor)                                        # 4.7 - 4.11
-        actor_grad_norm, rm_grad_norm = self.optimizer_steps(update_actor and bool(kept))  # 4.12
-        rl_time = time.perf_counter() - t_rl
-        peaks.end_phase("rl")
+        with clock.phase("rl", memory=True):
+            sums = self.rl_phase(kept, update_actor)                                    # 4.7 - 4.11
+            norms = self.optimizers.step(self.models, sums, update_actor=update_actor and bool(kept),
+                                         max_norm=cfg.max_grad_norm)                    # 4.12
         if update_actor and kept:  # the rollout's weights follow the actor
             self.rollout.sync_weights(full_weights(self.models.actor))
-        return self._step_metrics(
-            step, batch, rewards, kept, sums, judge_counters, peaks,
-            actor_lr=actor_lr if update_actor else 0.0, rm_lr=rm_lr,
-            actor_grad_norm=actor_grad_norm, rm_grad_norm=rm_grad_norm,
-            gen_time=gen_time, judge_time=judge_time, infer_time=infer_time, rl_time=rl_time,
-            total_time=time.perf_counter() - t_start,
-        )
+        lrs = (actor_lr if update_actor else 0.0, rm_lr)
+        return self._step_metrics(step, samples, kept, sums, clock, lrs, norms)
 
-    def step_schedulers(self, step: int) -> tuple[float, float]:
-        """Both LR schedulers advance before any optimizer step, frozen actor included (4.13, Q5)."""
-        actor_lr = self.actor_scheduler.step(step)
-        rm_lr = self.rm_scheduler.step(step) if self.rm_scheduler is not None else 0.0
-        return actor_lr, rm_lr
-
-    def generate(self, step: int) -> tuple[StepBatch, float]:
+    def generate(self, step: int, clock: StepClock) -> StepSamples:
         """This rank's share of the step's prompts, each repeated k times, sampled by the actor (3.4, 3.5, 4.2)."""
-        cfg = self.cfg
-        prompts = self.dp.strided(self.sampler.batch(step))
-        records = repeat_k([self.records[i] for i in prompts], cfg.prompt_repeat_k)
-        prompt_ids = [self._prompt_token_ids(r) for r in records]
-        t0 = time.perf_counter()
-        responses = self.rollout.generate(prompt_ids, self.sampling_params, self.sampling_generator)
-        gen_time = time.perf_counter() - t0
+        records, prompt_ids = self.prompts.step_prompts(step, self.dp)
+        with clock.phase("gen", memory=True):
+            responses = self.rollout.generate(prompt_ids, self.sampling_params, self.sampling_generator)
         texts = self.tokenizer.batch_decode(responses, skip_special_tokens=False)
-        return StepBatch(records, prompt_ids, responses, texts), gen_time
+        return StepSamples(records, prompt_ids, responses, texts)
 
-    def _prompt_token_ids(self, record: PromptRecord) -> list[int]:
-        key = id(record)
-        if key not in self._prompt_ids:
-            ids = render_prompt_ids(self.tokenizer, self.cfg.chat_template, record.message_data)
-            if len(ids) >= self.cfg.gen_max_length:
-                raise DataError(
-                    f"a prompt has {len(ids)} tokens, not less than gen_max_length={self.cfg.gen_max_length}; "
-                    f"raise gen_max_length or drop the prompt: {record.question[:80]!r}")
-            self._prompt_ids[key] = ids
-        return self._prompt_ids[key]
-
-    def judge(self, batch: StepBatch) -> tuple[list[float], dict[str, int]]:
-        """Rewards in {+1, -1}, in sample order, and the judger's counters (4.3)."""
-        items = [
-            JudgeItem(question=r.question, response_text=text, gold_answer=r.gold_answer,
-                      data_source=r.metadata["data_source"])
-            for r, text in zip(batch.records, batch.response_texts)
-        ]
-        outcome = self.router.judge(items)
-        return [float(r) for r in outcome.rewards], dict(outcome.counters)
-
-    def build_trajectories(self, batch: StepBatch) -> list[Trajectory]:
-        """The "infer" stage: prompt + response ids of every sample, labels pre-shifted (4.6)."""
-        # rewards and advantages are filled in once the judger has answered (4.4)
-        return [Trajectory(prompt_ids=p, response_ids=r, reward=0.0, advantage=0.0)
-                for p, r in zip(batch.prompt_ids, batch.response_ids)]
-
-    def gather_step(self, batch: StepBatch, trajectories: list[Trajectory], rewards: list[float],
-                    counters: dict[str, int]) -> tuple[StepBatch, list[Trajectory], list[float], dict[str, int]]:
-        """All ranks' samples, trajectories and rewards in rank order (groups stay contiguous) and
-        the judger counters summed (4.5, 6); a single process gets its own back."""
-        if not self.dp.enabled:
-            return batch, trajectories, rewards, counters
-        rows = gather_lists(self.dp, list(zip(batch.records, batch.prompt_ids, batch.response_ids,
-                                              batch.response_texts, trajectories, rewards)))
-        records, prompt_ids, response_ids, texts, trajectories, rewards = (list(c) for c in zip(*rows))
-        summed: dict[str, int] = {}
-        for part in gather_lists(self.dp, [counters]):
-            for key, value in part.items():
-                summed[key] = summed.get(key, 0) + value
-        return StepBatch(records, prompt_ids, response_ids, texts), trajectories, rewards, summed
+    def judge(self, samples: StepSamples) -> StepSamples:
+        """The samples with their rewards in {+1, -1}, in sample order, and the judger's counters (4.3)."""
+        outcome = self.router.judge(samples.judge_items())
+        return samples.judged([float(r) for r in outcome.rewards], outcome.counters)
 
     def rl_phase(self, kept: list[Trajectory], update_actor: bool) -> MicroStepSums | None:
         """Global normalisers, then every micro-batch in kept order with gradient accumulation (4.7-4.11).
@@ -476,78 +190,14 @@ class Trainer:
         return rl_phase(self.models, kept, self.rl_settings, micro_batch_size=self.cfg.rl_mirco_batch,
                         token_budget=self.cfg.rl_micro_batch_tokens, update_actor=update_actor, dp=self.dp)
 
-    def optimizer_steps(self, update_actor: bool) -> tuple[float, float]:
-        """Clip (pre-clip norms returned) and one AdamW step per trained model (4.12)."""
-        actor_norm = rm_norm = 0.0
-        if update_actor:
-            actor_norm = float(clip_and_step(self.models.actor, self.actor_optimizer, self.cfg.max_grad_norm))
-        if self.models.token_rm is not None:
-            rm_norm = float(clip_and_step(self.models.token_rm, self.rm_optimizer, self.cfg.max_grad_norm))
-        return actor_norm, rm_norm
-
-    # ----------------------------------------------------------------------------------------
-    # outputs
-
-    def _dump_records(self, kept: list[Trajectory]) -> list[dict]:
-        decode = self.tokenizer.decode
-        return [
-            {"sequence": decode(t.input_ids, skip_special_tokens=False), "num_tokens": t.num_tokens,
-             "judger_reward": t.reward, "judger_advantage": t.advantage,
-             "input_ids": t.input_ids, "labels": t.labels}
-            for t in kept
-        ]
-
-    def _step_metrics(self, step, batch, rewards, kept, sums, judge_counters, peaks, *, actor_lr, rm_lr,
-                      actor_grad_norm, rm_grad_norm, gen_time, judge_time, infer_time, rl_time,
-                      total_time) -> dict:
-        """The official keys of 5.1, every one global (reduced over ranks; memory and times are
-        this rank's), then ours."""
-        zero = torch.zeros(())
-        if sums is None:
-            sums = MicroStepSums(*([zero] * 8))
-        averages = actor_metrics(ActorMetricSums(sums.adv_sum, sums.neg_logprob_sum, sums.ref_kl_sum,
-                                                 sums.num_action_tokens))
-        values = {k: float(v) for k, v in sums._asdict().items()}  # the step's one host sync
-        averages = {k: float(v) for k, v in averages.items()}
-        num_gen_tokens = sum(len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids))
-        num_rl_tokens = sum(t.num_tokens for t in kept)
-        per_gpu = 1 / self.dp.world_size  # the *_tgs keys are per GPU, as the official per-rank ones
-        steps_left = self.total_steps - step - 1
-        metrics = {
-            "step": step + 1,
-            "actor_lr": actor_lr,
-            "actor_grad_norm": actor_grad_norm,
-            "token_level_rm_lr": rm_lr,
-            "token_rm_grad_norm": rm_grad_norm,
-            "avg_judger_reward": sum(rewards) / len(rewards),
-            "avg_adv": averages["avg_adv"],
-            "avg_gen_entropy": averages["avg_gen_entropy"],
-            "avg_ref_kl": averages["avg_ref_kl"],
-            "positive_loss": values["positive_loss"],
-            "negative_loss": values["negative_loss"],
-            "kl_penalty_loss": values["kl_penalty_loss"],
-            "rl_loss": values["positive_loss"] + values["negative_loss"] + values["kl_penalty_loss"],
-            "token_level_rm_loss": values["token_level_rm_loss"],
-            "max_memory": peaks.step_peak(),
-            "avg_new_tokens": sum(len(r) for r in batch.response_ids) / len(batch.response_ids),
-            "num_rl_tokens": num_rl_tokens,
-            "infer_tgs": int(per_gpu * num_gen_tokens / max(infer_time, 1e-9)),
-            "rl_tgs": int(per_gpu * num_rl_tokens / max(rl_time, 1e-9)),
-            "gen_time": gen_time,
-            "infer_time": infer_time,
-            "rl_time": rl_time,
-            "total_time": total_time,
-            "eta": int(total_time * steps_left),
-            # ours, after the official keys
-            "num_kept": len(kept),
-            "gen_tgs": int(per_gpu * sum(len(r) for r in batch.response_ids) / max(gen_time, 1e-9)),
-            "judge_time": judge_time,
-            **{f"max_memory_{name}": gib for name, gib in peaks.phases.items()},
-            **{f"judger_{k}": v for k, v in judge_counters.items()},
-            **{f"rollout_{k}": v for k, v in self.rollout.stats().items()},
-            # counters that must stay flat over a long run: host memory now, open files, judge workers
-            **health_counters(self.device, judge_workers=self.router.live_workers()),
-        }
+    def _step_metrics(self, step: int, samples: StepSamples, kept: list[Trajectory], sums: MicroStepSums | None,
+                      clock: StepClock, lrs: tuple[float, float], norms: tuple[float, float]) -> dict:
+        """The official keys of 5.1 (``step_record.step_metrics``), then ours and the rollout's numbers."""
+        metrics = step_metrics(step, self.total_steps, samples, kept, loss_metrics(sums), clock, lrs=lrs,
+                               grad_norms=norms, world_size=self.dp.world_size)
+        metrics.update({f"rollout_{k}": v for k, v in self.rollout.stats().items()})
+        # counters that must stay flat over a long run: host memory now, open files, judge workers
+        metrics.update(health_counters(self.device, judge_workers=self.router.live_workers()))
         return metrics
 
     def _phase(self, name: str) -> None:
@@ -556,69 +206,6 @@ class Trainer:
         self.stop.enter(name)
         if self._progress is not None:
             self._progress.set_postfix_str(f"{name} | {self._last_summary}", refresh=True)
-
-    # ----------------------------------------------------------------------------------------
-    # checkpoints and resume
-
-    def save_checkpoint(self, step: int, *, hf_folder: bool = True) -> None:
-        """``hf-{step}`` (the official actor folder, bf16) and the resume state beside it (unless
-        ``keep_resume_states`` is 0). Raises CheckpointWriteError; partial files are gone then."""
-        cfg = self.cfg
-        if hf_folder:
-            # FSDP2: every rank gathers the shards, rank 0 writes
-            weights = full_state_dict(self.models.actor) if self.dp.enabled else None
-            folder = os.path.join(self.run_dir, ckpt.hf_folder_name(step + 1, self.total_steps))
-            if self.dp.is_main:
-                ckpt.save_hf_folder(folder, self.models.actor, self.tokenizer, weights)
-        if cfg.keep_resume_states == 0:  # always so under dp > 1 (check_data_parallel)
-            return
-        state = {
-            "next_step": step + 1,
-            "total_steps": self.total_steps,
-            "config": cfg.to_dict(),
-            "actor": self.models.actor.state_dict(),
-            "token_rm": self.models.token_rm.state_dict() if self.models.token_rm is not None else None,
-            "actor_optimizer": self.actor_optimizer.state_dict(),
-            "rm_optimizer": self.rm_optimizer.state_dict() if self.rm_optimizer is not None else None,
-            "actor_scheduler": self.actor_scheduler.state_dict(),
-            "rm_scheduler": self.rm_scheduler.state_dict() if self.rm_scheduler is not None else None,
-            "sampler": self.sampler.state_dict(),
-            "sampling_generator": self.sampling_generator.get_state(),
-            "rng": ckpt.rng_state(),
-        }
-        self._state_on_disk = ckpt.save_resume_state(self.run_dir, step + 1, state, cfg.keep_resume_states)
-
-    def _restore(self, state: dict, path: str) -> None:
-        """Loads a resume state; a state that does not fit this config is a config error naming it."""
-        try:
-            self.models.actor.load_state_dict(state["actor"])
-            if self.models.token_rm is not None:
-                self.models.token_rm.load_state_dict(state["token_rm"])
-                self.rm_optimizer.load_state_dict(state["rm_optimizer"])
-            self.actor_optimizer.load_state_dict(state["actor_optimizer"])
-            self.sampler.load_state_dict(state["sampler"])
-        except (KeyError, ValueError, RuntimeError, TypeError) as e:
-            raise ConfigError(f"resume in {self.cfg.config_path}: {path} does not fit this config "
-                              f"({type(e).__name__}: {str(e).splitlines()[0]})") from None
-        self.sampling_generator.set_state(state["sampling_generator"])
-        ckpt.set_rng_state(state["rng"])
-        self.start_step = state["next_step"]
-        self._notes.append(f"resumed from {path} at step {self.start_step + 1}")
-        schedulers = [(self.actor_scheduler, state["actor_scheduler"]), (self.rm_scheduler, state["rm_scheduler"])]
-        saved_total = state["total_steps"]
-        if saved_total == self.total_steps:
-            for scheduler, saved in schedulers:
-                if scheduler is not None:
-                    scheduler.load_state_dict(saved)
-            return
-        # A new total changes the cosine's length: replay the official stepping for the steps done,
-        # so the LRs from here on are those of a run planned with the new total from the start.
-        for scheduler, _ in schedulers:
-            for s in range(self.start_step) if scheduler is not None else ():
-                scheduler.step(s)
-        self._notes.append(f"total_steps is {self.total_steps}, the saved run planned {saved_total}: LR schedules "
-                           f"recomputed for {self.total_steps} steps (actor LR after step {self.start_step}: "
-                           f"{self.actor_scheduler.lr:.4g})")
 
     # ----------------------------------------------------------------------------------------
     # the run
@@ -638,104 +225,63 @@ class Trainer:
             StopRun: a stop signal reached a safe point; a resume state of the last finished step
                 is on disk (``save_on_signal``) and ``outcome`` says which.
             CheckpointWriteError: a checkpoint could not be written; the previous one is intact.
+            oom.StepOutOfMemory: the GPU ran out of memory; it names the phase and the keys that
+                would fit it, with what is on disk.
         """
-        cfg = self.cfg
-        every = cfg.checkpoint_every()
-        self.metrics.log_text(f"run {self.run_dir}: config {cfg.config_path}, {self.total_steps} steps, "
-                              f"device {self.device}, compute {self.precision.compute_dtype}, "
-                              f"LM-head kernels {self.rl_settings.loss_kernel} ({self.rl_settings.impl})")
-        if self.start_step >= self.total_steps:
-            log.info(f"{self.run_dir}: all {self.total_steps} steps are done; nothing left to run")
-        done = saved = self.start_step  # steps finished / covered by the newest resume state
+        self._log_start()
         self._progress = tqdm(range(self.start_step, self.total_steps), initial=self.start_step,
                               total=self.total_steps, desc="oreal", unit="step", file=sys.stderr,
                               disable=not self.dp.is_main)
         try:
-            if self.evaluator is not None and cfg.val_before_train and self.start_step == 0:
+            if self.evaluator is not None and self.cfg.val_before_train and self.start_step == 0:
                 self.validate(0)
             for step in self._progress:
-                self.stop.step = step + 1
-                metrics = self.step(step)
-                self.metrics.write(metrics, kl_coef=cfg.kl_coef, scheduler_actor_lr=self.actor_scheduler.lr)
-                done = step + 1
-                self._last_summary = (f"reward {metrics['avg_judger_reward']:+.3f} "
-                                      f"rl_loss {metrics['rl_loss']:.4g} eta {metrics['eta']}s")
-                self._phase("done")
-                if done % every == 0 or done == self.total_steps:
-                    self._phase("checkpoint")
-                    self.save_checkpoint(step)
-                    saved = done
-                if self.evaluator is not None and validation_due(done, cfg.val_interval, self.total_steps):
-                    self.validate(done)
+                self._run_step(step)
         except StopRun as stop:
-            failed = ""
-            if done > saved and cfg.save_on_signal and cfg.keep_resume_states:
+            if self.checkpoints.owes_state(self._done):
                 self.stop.phase = "checkpoint"  # a second signal while this writes exits at once
-                try:  # the official HF folder too when this step's checkpoint was due
-                    self.save_checkpoint(done - 1, hf_folder=done % every == 0 or done == self.total_steps)
-                except CheckpointWriteError as e:
-                    failed = f"{e}; "
-            outcome, stop.resume_dir = self._on_disk(done)
-            stop.outcome = failed + outcome
+            stop.outcome, stop.resume_dir = self.checkpoints.save_after_stop(self._done)
             raise
         except CheckpointWriteError as e:
-            e.args = (f"{e}; {self._on_disk(done)[0]}",)
-            e.resume_dir = self._on_disk(done)[1]
+            self.checkpoints.explain(e, self._done)
             raise
         except torch.OutOfMemoryError as e:
-            error = oom.explain(e, phase=self.stop.phase, step=done + 1, device=self.device,
-                                cap_gib=cfg.gpu_memory_limit_gib)
-            error.args = (f"{error}; {self._on_disk(done)[0]}",)
-            error.resume_dir = self._on_disk(done)[1]
+            error = oom.explain(e, phase=self.stop.phase, step=self._done + 1, device=self.device,
+                                cap_gib=self.cfg.gpu_memory_limit_gib)
+            self.checkpoints.explain(error, self._done)
             raise error from None
         finally:
-            self._progress.close()
-            self.metrics.close()
-            self.router.close()
-            if self.run is not None:
-                self.run.close()
+            self._close()
         return self.run_dir
 
-    def _on_disk(self, done: int) -> tuple[str, str | None]:
-        """What a resume would start from after ``done`` finished steps, and the folder to resume."""
-        if self._state_on_disk is None:
-            why = " (keep_resume_states = 0)" if self.cfg.keep_resume_states == 0 else ""
-            return f"no resume state is on disk{why}", None
-        name = os.path.basename(self._state_on_disk)
-        saved = int(name[len("state-"):-len(".pt")])
-        lost = f"; step(s) {saved + 1}..{done} finished but are not in it" if done > saved else ""
-        return f"resume state {name} ({saved} step(s) done) is on disk{lost}", self.run_dir
+    def _run_step(self, step: int) -> None:
+        """One step, its metrics, then the checkpoint and the validation due after it."""
+        self.stop.step = step + 1
+        metrics = self.step(step)
+        self.metrics.write(metrics, kl_coef=self.cfg.kl_coef, scheduler_actor_lr=self.optimizers.actor_scheduler.lr)
+        self._done = step + 1
+        self._last_summary = (f"reward {metrics['avg_judger_reward']:+.3f} "
+                              f"rl_loss {metrics['rl_loss']:.4g} eta {metrics['eta']}s")
+        self._phase("done")
+        if self.checkpoints.due(self._done):
+            self._phase("checkpoint")
+            self.checkpoints.save(step)
+        if self.evaluator is not None and validation_due(self._done, self.cfg.val_interval, self.total_steps):
+            self.validate(self._done)
 
+    def _log_start(self) -> None:
+        settings = self.rl_settings
+        self.metrics.log_text(f"run {self.run_dir}: config {self.cfg.config_path}, {self.total_steps} steps, "
+                              f"device {self.device}, compute {self.runtime.compute_dtype}, "
+                              f"LM-head kernels {settings.loss_kernel} ({settings.impl})")
+        if self.start_step >= self.total_steps:
+            log.info(f"{self.run_dir}: all {self.total_steps} steps are done; nothing left to run")
 
-def _or(value, default):
-    return default if value is None else value
-
-
-class PhasePeaks:
-    """Peak memory of each phase of a step (GiB): allocated GPU memory, reset between phases; on CPU
-    the process's peak resident size so far (which only grows)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.phases: dict[str, float] = {}
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-
-    def end_phase(self, name: str) -> None:
-        if self.device.type == "cuda":
-            self.phases[name] = torch.cuda.max_memory_allocated(self.device) / 2**30
-            torch.cuda.reset_peak_memory_stats(self.device)
-        else:
-            self.phases[name] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-
-    def step_peak(self) -> float:
-        return max(self.phases.values())
-
-
-def _timed(fn, *args):
-    """(fn(*args), seconds it took)."""
-    t0 = time.perf_counter()
-    return fn(*args), time.perf_counter() - t0
+    def _close(self) -> None:
+        self._progress.close()
+        self.metrics.close()
+        self.router.close()
+        self.checkpoints.close()
 
 
 def train(cfg: TrainConfig, stop: StopSignals | None = None) -> str:

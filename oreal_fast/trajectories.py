@@ -122,25 +122,21 @@ def plan_micro_batches(num_tokens: list[int], micro_batch_size: int, token_budge
     return groups
 
 
-def make_micro_batches(
-    trajectories: list[Trajectory], micro_batch_size: int, token_budget: int, device: torch.device
-) -> list[RLMicroBatch]:
-    """The step's micro-batches on ``device`` (see ``plan_micro_batches``), moved in two copies in all;
-    none for no trajectories (a data-parallel rank whose share is empty)."""
-    if not trajectories:
+def make_micro_batches(trajectories: list[Trajectory], groups: list[range], device: torch.device
+                       ) -> list[RLMicroBatch]:
+    """The micro-batches of ``groups`` (a ``plan_micro_batches`` plan of ``trajectories``) on
+    ``device``, moved in two copies in all; none for no groups (a data-parallel rank whose share is empty)."""
+    if not groups:
         return []
-    groups = plan_micro_batches([t.num_tokens for t in trajectories], micro_batch_size, token_budget)
     return _move_all([make_micro_batch([trajectories[i] for i in g]) for g in groups], device)
 
 
-def iter_micro_batches(
-    trajectories: list[Trajectory], micro_batch_size: int, token_budget: int, device: torch.device
-) -> Iterator[RLMicroBatch]:
+def iter_micro_batches(trajectories: list[Trajectory], groups: list[range], device: torch.device
+                       ) -> Iterator[RLMicroBatch]:
     """The micro-batches of ``make_micro_batches``, each packed on the host and sent to ``device``
     (pinned, non-blocking) only when the caller asks for it: a loop that queues one micro-batch's
     GPU work before asking for the next packs the next while the GPU runs the current one, and the
     first starts without waiting for the others to be packed."""
-    groups = plan_micro_batches([t.num_tokens for t in trajectories], micro_batch_size, token_budget)
     for g in groups:
         yield make_micro_batch([trajectories[i] for i in g]).to(device)
 

@@ -11,25 +11,9 @@ import pytest
 from oreal_fast.config import ConfigError, TrainConfig, load_config, validate_stop_word
 from oreal_fast.train import main
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = os.path.join(ROOT, "configs")
+from base_config import BASE, ROOT
 
-# A small valid config; each bad case below appends one line to it.
-BASE = textwrap.dedent("""
-    actor = "some/model"
-    token_level_rm = actor
-    datasets = "package://oreal_fast/assets/demo_problems.jsonl"
-    threshold_rescale = True
-    gen_global_batch = 16
-    prompt_repeat_k = 4
-    gen_max_new = 64
-    gen_max_length = 256
-    total_steps = 4
-    warmup_steps = 1
-    actor_freeze_steps = 1
-    checkpoint_interval = 2
-    judgers_config = dict(math_judger=dict(hosts=[], rule_only=True))
-""")
+CONFIGS = os.path.join(ROOT, "configs")
 
 
 def _write(tmp_path, extra="", name="cfg.py", base=BASE):

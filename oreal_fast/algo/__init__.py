@@ -12,6 +12,7 @@ from oreal_fast.algo.filtering import (
 )
 from oreal_fast.algo.loss import (
     KL_TYPES,
+    ActorLossInputs,
     ActorLossTerms,
     ActorMetricSums,
     LossCoefficients,
@@ -24,7 +25,7 @@ from oreal_fast.algo.loss import (
     token_coefficients,
 )
 from oreal_fast.algo.lr_schedule import OfficialLRScheduler, lr_at_step
-from oreal_fast.algo.normalisers import Normalisers, at_least_fp32, global_normalisers, per_token, segment_ids
+from oreal_fast.algo.normalisers import Normalisers, at_least_fp32, global_normalisers, segment_ids
 from oreal_fast.algo.token_rm import (
     cumulative_means,
     rm_bce_loss,
@@ -35,6 +36,7 @@ from oreal_fast.algo.token_rm import (
 )
 
 __all__ = [
+    "ActorLossInputs",
     "ActorLossTerms",
     "ActorMetricSums",
     "KL_TYPES",
@@ -57,7 +59,6 @@ __all__ = [
     "lr_at_step",
     "oreal_actor_loss",
     "oreal_logprob_grad",
-    "per_token",
     "rloo_advantages",
     "rm_bce_loss",
     "rm_token_weights",

@@ -28,11 +28,9 @@ class Selection:
 
     Attributes:
         indices: kept sample indices into the generated list, in training order.
-        pass_rates: for each kept sample, the fraction of correct samples in its group.
     """
 
     indices: list[int]
-    pass_rates: list[float]
 
 
 def _check(rewards: Sequence[float], k: int) -> None:
@@ -67,7 +65,6 @@ def filter_one_pair(rewards: Sequence[float], k: int, rng: ChoiceRng) -> Selecti
     """
     rates = group_pass_rates(rewards, k)
     indices: list[int] = []
-    pass_rates: list[float] = []
     for g, p in enumerate(rates):
         if p in (0.0, 1.0):
             continue
@@ -75,14 +72,13 @@ def filter_one_pair(rewards: Sequence[float], k: int, rng: ChoiceRng) -> Selecti
         correct = [i for i in members if rewards[i] == CORRECT_REWARD]
         incorrect = [i for i in members if rewards[i] != CORRECT_REWARD]
         indices += [rng.choice(correct), rng.choice(incorrect)]
-        pass_rates += [p, p]
-    return Selection(indices, pass_rates)
+    return Selection(indices)
 
 
 def keep_all(rewards: Sequence[float], k: int) -> Selection:
     """The ``filter_trajectory=False`` path: every sample, in order, no draws."""
-    rates = group_pass_rates(rewards, k)
-    return Selection(list(range(len(rewards))), [rates[i // k] for i in range(len(rewards))])
+    _check(rewards, k)
+    return Selection(list(range(len(rewards))))
 
 
 def select_trajectories(

@@ -42,6 +42,26 @@ class ActorLossTerms(NamedTuple):
     kl_penalty_loss: torch.Tensor
 
 
+class ActorLossInputs(NamedTuple):
+    """What the actor loss of one micro-batch needs besides the actor's log-probs, per action
+    token (packed, ``A`` tokens), as one bundle for the loss, its gradient and the fused kernel.
+
+    Attributes:
+        ref_logprobs: ``[A]`` reference log-probs (no grad).
+        advantages: ``[A]`` fp32, each token carries its sequence's A_i.
+        is_positive: ``[A]`` bool, its sequence's reward > 0.
+        w_pos, w_neg: ``[A]`` RM token weights, or None without a token RM (weight 1).
+        norm: the step's global normalisers.
+    """
+
+    ref_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    is_positive: torch.Tensor
+    w_pos: torch.Tensor | None
+    w_neg: torch.Tensor | None
+    norm: Normalisers
+
+
 def _check_kl_type(kl_type: str) -> None:
     if kl_type not in KL_TYPES:
         raise ValueError(f"kl_type must be one of {KL_TYPES}, got {kl_type!r}")
@@ -108,40 +128,26 @@ def kl_penalty_grad(
     return -d
 
 
-def token_coefficients(
-    advantages: torch.Tensor,
-    is_positive: torch.Tensor,
-    w_pos: torch.Tensor | None,
-    w_neg: torch.Tensor | None,
-    norm: Normalisers,
-    coefs: LossCoefficients,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def token_coefficients(inputs: ActorLossInputs, coefs: LossCoefficients
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token a+ (of -l) and a- (of the ratio), and the KL scale, normalisers folded in.
 
     Returns:
         ``(a_pos [T], a_neg [T], kl_scale 0-d)`` fp32: ``L = sum a+ (-l) - sum a- exp(l - sg l)
         + kl_scale * sum k(l, lref)``.
     """
-    adv = advantages.float()
-    pos = is_positive.float()
-    w_pos = 1.0 if w_pos is None else w_pos.float()
-    w_neg = 1.0 if w_neg is None else w_neg.float()
+    adv = inputs.advantages.float()
+    pos = inputs.is_positive.float()
+    w_pos = 1.0 if inputs.w_pos is None else inputs.w_pos.float()
+    w_neg = 1.0 if inputs.w_neg is None else inputs.w_neg.float()
     pos_adv = adv if coefs.pos_mult_adv else 1.0
+    norm = inputs.norm
     a_pos = coefs.positive_loss_factor / safe_denominator(norm.num_positive) * pos * pos_adv * w_pos
     a_neg = coefs.negative_loss_factor / safe_denominator(norm.num_negative) * (1 - pos) * adv * w_neg
     return a_pos, a_neg, coefs.kl_coef / safe_denominator(norm.num_action)
 
 
-def oreal_actor_loss(
-    logprobs: torch.Tensor,
-    ref_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    is_positive: torch.Tensor,
-    w_pos: torch.Tensor | None,
-    w_neg: torch.Tensor | None,
-    norm: Normalisers,
-    coefs: LossCoefficients,
-) -> ActorLossTerms:
+def oreal_actor_loss(logprobs: torch.Tensor, inputs: ActorLossInputs, coefs: LossCoefficients) -> ActorLossTerms:
     """OREAL actor loss of one micro-batch (module docstring formula).
 
     Normalisers: N_pos for the positive term, N_neg for the negative, N_act for the KL, all
@@ -150,35 +156,22 @@ def oreal_actor_loss(
 
     Args:
         logprobs: ``[T]`` actor log-probs of the action tokens (with grad), packed.
-        ref_logprobs: ``[T]`` reference log-probs.
-        advantages: ``[T]`` fp32, each token carries its sequence's A_i.
-        is_positive: ``[T]`` bool, its sequence's reward > 0.
-        w_pos, w_neg: ``[T]`` RM token weights, or None without a token RM (weight 1).
-        norm: the step's global normalisers.
+        inputs: the other per-token inputs and the normalisers (``ActorLossInputs``).
         coefs: alpha, beta, kappa, the KL estimator and ``pos_mult_adv``.
 
     Returns:
         ``ActorLossTerms``.
     """
     lp = at_least_fp32(logprobs)
-    a_pos, a_neg, kl_scale = token_coefficients(advantages, is_positive, w_pos, w_neg, norm, coefs)
+    a_pos, a_neg, kl_scale = token_coefficients(inputs, coefs)
     positive = (a_pos * -lp).sum()
     negative = -(a_neg * torch.exp(lp - lp.detach())).sum()
-    kl = kl_scale * kl_penalty(lp, ref_logprobs, coefs.kl_type).sum()
+    kl = kl_scale * kl_penalty(lp, inputs.ref_logprobs, coefs.kl_type).sum()
     total = positive + negative + kl
     return ActorLossTerms(total, positive.detach(), negative.detach(), kl.detach())
 
 
-def oreal_logprob_grad(
-    logprobs: torch.Tensor,
-    ref_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    is_positive: torch.Tensor,
-    w_pos: torch.Tensor | None,
-    w_neg: torch.Tensor | None,
-    norm: Normalisers,
-    coefs: LossCoefficients,
-) -> torch.Tensor:
+def oreal_logprob_grad(logprobs: torch.Tensor, inputs: ActorLossInputs, coefs: LossCoefficients) -> torch.Tensor:
     """``g = dL/dl`` per token, in closed form (reference 4.11); the logits' gradient is then
     ``g_t (onehot(a_t) - softmax(z_t))``. Same arguments as ``oreal_actor_loss``.
 
@@ -189,8 +182,8 @@ def oreal_logprob_grad(
         ``[T]`` fp32, detached.
     """
     lp = logprobs.detach().float()
-    a_pos, a_neg, kl_scale = token_coefficients(advantages, is_positive, w_pos, w_neg, norm, coefs)
-    return -a_pos - a_neg + kl_scale * kl_penalty_grad(lp, ref_logprobs, coefs.kl_type)
+    a_pos, a_neg, kl_scale = token_coefficients(inputs, coefs)
+    return -a_pos - a_neg + kl_scale * kl_penalty_grad(lp, inputs.ref_logprobs, coefs.kl_type)
 
 
 class ActorMetricSums(NamedTuple):

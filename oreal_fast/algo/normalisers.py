@@ -75,7 +75,3 @@ def segment_ids(cu_seqlens: torch.Tensor, num_tokens: int) -> torch.Tensor:
     positions = torch.arange(num_tokens, device=cu_seqlens.device)
     return torch.searchsorted(cu_seqlens[1:].long(), positions, right=True)
 
-
-def per_token(values: torch.Tensor, cu_seqlens: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    """Broadcast one value per sequence to its tokens: ``[M]`` -> ``[T]``."""
-    return values[segment_ids(cu_seqlens, num_tokens)]

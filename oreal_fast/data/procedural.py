@@ -20,10 +20,7 @@ import dataclasses
 import decimal
 import difflib
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, NamedTuple
-
-if TYPE_CHECKING:
-    from oreal_fast.data.sources import GymSource, GymTask
+from typing import Any, NamedTuple, Protocol
 
 SEED_STRIDE = 2**20  # generator indices reserved per seed; > DRAW_FACTOR * MAX_TASK_SIZE + DRAW_SLACK
 DRAW_FACTOR = 4  # draws allowed per wanted question: duplicates and excluded questions are skipped
@@ -40,6 +37,22 @@ def gold_answer(entry: dict[str, Any]) -> Any:
     if isinstance(answer, str) and len(answer) > 2 and answer[0] == answer[-1] == "$" and "$" not in answer[1:-1]:
         return answer[1:-1]
     return answer
+
+
+@dataclasses.dataclass(frozen=True)
+class GymTask:
+    """One reasoning-gym task: its registered name, how many distinct problems, generator options."""
+
+    name: str
+    size: int
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class GymTasks(Protocol):
+    """What drawing reads of a source (``sources.GymSource``): its tasks and its seed."""
+
+    tasks: tuple[GymTask, ...]
+    seed: int
 
 
 class Problem(NamedTuple):
@@ -87,7 +100,7 @@ def open_task(task: GymTask, seed: int, num_items: int) -> Any:
         raise ValueError(f"reasoning_gym task {task.name!r}: bad options {task.options}: {e}") from None
 
 
-def check(source: GymSource) -> None:
+def check(source: GymTasks) -> None:
     """Start-up check: the package, each task and its options (builds each generator, draws nothing).
 
     Raises:
@@ -97,7 +110,7 @@ def check(source: GymSource) -> None:
         open_task(task, source.seed, 1)
 
 
-def draw(source: GymSource, excluded: Iterable[str] = ()) -> list[Problem]:
+def draw(source: GymTasks, excluded: Iterable[str] = ()) -> list[Problem]:
     """Each task's first ``size`` distinct questions not in ``excluded``, interleaved round-robin in task
     order (a task with more problems continues alone once the others are done).
 

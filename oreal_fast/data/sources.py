@@ -25,10 +25,11 @@ import difflib
 import importlib.util
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from oreal_fast.data import procedural
+from oreal_fast.data.procedural import GymTask
 from oreal_fast.package_refs import is_package_ref, resolve_package_ref
 
 EXTRACTORS = ("plain", "gsm8k", "boxed")
@@ -60,15 +61,6 @@ class FileSource:
         """How messages name the source: its path, and its subset and split when given."""
         parts = [f"{k} {v}" for k, v in (("subset", self.subset), ("split", self.split)) if v is not None]
         return f"{self.path} ({', '.join(parts)})" if parts else self.path
-
-
-@dataclass(frozen=True)
-class GymTask:
-    """One reasoning-gym task: its registered name, how many distinct problems, generator options."""
-
-    name: str
-    size: int
-    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

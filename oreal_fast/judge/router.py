@@ -133,7 +133,24 @@ class Router:
         """
         counters = dict.fromkeys(COUNTER_KEYS, 0)
         rewards: list[float | None] = [None] * len(items)
-        tasks, owners = [], []  # owners[j] = index into items of rule task j
+        tasks, owners = self._rule_tasks(items, rewards, counters)
+        calls = self._verifier_calls(items, tasks, owners, rewards, counters)
+        for future, i in calls.items():
+            grade = future.result()
+            if grade is None:
+                counters["verifier_failures"] += 1
+            rewards[i] = 1.0 if grade else -1.0
+        if counters["invalid_items"]:
+            log.warning("judger: %d of %d item(s) scored -1 unjudged: a question, response or gold"
+                        " answer that is not a string, or a blank gold answer",
+                        counters["invalid_items"], len(items))
+        return JudgeOutcome(rewards=[float(r) for r in rewards], counters=counters)
+
+    def _rule_tasks(self, items: list[JudgeItem], rewards: list[float | None],
+                    counters: dict[str, int]) -> tuple[list[RuleTask], list[int]]:
+        """The rule check of every judgeable item that reached its stop word, and ``owners[j]``, the
+        item of task j; the others get reward -1 here (counted)."""
+        tasks, owners = [], []
         for i, item in enumerate(items):
             if not _judgeable(item):
                 rewards[i] = -1.0
@@ -147,6 +164,12 @@ class Router:
                 continue
             tasks.append(RuleTask(RULE_CHECKS[s.rule_mode], text, item.gold_answer, s.rule_timeout_s))
             owners.append(i)
+        return tasks, owners
+
+    def _verifier_calls(self, items: list[JudgeItem], tasks: list[RuleTask], owners: list[int],
+                        rewards: list[float | None], counters: dict[str, int]) -> dict[concurrent.futures.Future, int]:
+        """Runs the rule checks; a confirmed item gets +1, the others go to their judger's verifier
+        (-1 without one). Returns the verifier calls in flight -> their item."""
         calls: dict[concurrent.futures.Future, int] = {}
         for j, verdict in self._pool.run(tasks):
             i = owners[j]
@@ -165,16 +188,7 @@ class Router:
             calls[self._threads.submit(
                 self._clients[name].grade, item.question, item.gold_answer, tasks[j].text
             )] = i
-        for future, i in calls.items():
-            grade = future.result()
-            if grade is None:
-                counters["verifier_failures"] += 1
-            rewards[i] = 1.0 if grade else -1.0
-        if counters["invalid_items"]:
-            log.warning("judger: %d of %d item(s) scored -1 unjudged: a question, response or gold"
-                        " answer that is not a string, or a blank gold answer",
-                        counters["invalid_items"], len(items))
-        return JudgeOutcome(rewards=[float(r) for r in rewards], counters=counters)
+        return calls
 
     def _settings_for(self, item: JudgeItem) -> MathJudgerSettings:
         try:

@@ -130,13 +130,34 @@ def parse_judger_settings(name: str, raw: dict) -> MathJudgerSettings:
     """
     if not isinstance(raw, dict):
         raise ValueError(f"judgers_config.{name}: expected a dict of settings, got {raw!r}")
-    fields = {f.name: f for f in dataclasses.fields(MathJudgerSettings) if f.name != "name"}
-    unknown = sorted(set(raw) - set(fields))
+    v = _known_keys(name, raw)
+    _check_hosts_and_words(name, v)
+    _check_scalars(name, v)
+    _check_concurrency(name, v)
+    if v.get("rule_mode", "official") not in RULE_MODES:
+        raise _fail(name, "rule_mode", f"expected one of {RULE_MODES}, got {v['rule_mode']!r}")
+    if not v.get("stop_word", "x"):
+        raise _fail(name, "stop_word", "must not be empty")
+    if "verify_prompt" in v:
+        v["verify_prompt"] = _prompt_fields(name, v["verify_prompt"])
+    if not v.get("hosts") and not v.get("rule_only", False):
+        raise _fail(name, "hosts", "no verifier host given; list one or set rule_only: True")
+    return MathJudgerSettings(name=name, **v)
+
+
+def _known_keys(name: str, raw: dict) -> dict:
+    """A copy of ``raw`` whose every key is a setting; a None verify_prompt dropped (our default)."""
+    fields = {f.name for f in dataclasses.fields(MathJudgerSettings) if f.name != "name"}
+    unknown = sorted(set(raw) - fields)
     if unknown:
         raise _fail(name, unknown[0], f"unknown key (known: {', '.join(sorted(fields))})")
     v = dict(raw)
     if "verify_prompt" in v and v["verify_prompt"] is None:
         del v["verify_prompt"]  # None = our default prompt
+    return v
+
+
+def _check_hosts_and_words(name: str, v: dict) -> None:
     for key in ("hosts", "thinking_finish_words"):
         if key in v:
             v[key] = _str_tuple(name, key, v[key])
@@ -145,6 +166,10 @@ def parse_judger_settings(name: str, raw: dict) -> MathJudgerSettings:
             split_host(host)
         except ValueError as e:
             raise _fail(name, "hosts", str(e)) from None
+
+
+def _check_scalars(name: str, v: dict) -> None:
+    """Strings, flags, counts >= 1 and durations > 0 (a retry delay may be 0), in place."""
     for key in ("stop_word", "rule_mode", "verify_prompt"):
         if key in v:
             _check_type(name, key, v[key], (str,))
@@ -162,20 +187,15 @@ def parse_judger_settings(name: str, raw: dict) -> MathJudgerSettings:
             if v[key] < 0 or (v[key] == 0 and key != "retry_delay_s"):
                 raise _fail(name, key, f"must be > 0, got {v[key]}")
             v[key] = float(v[key])
-    if "concurrency_per_proc" in v:
-        c = v["concurrency_per_proc"]
-        if not isinstance(c, (list, tuple)) or len(c) != 2 or not all(
-            isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in c
-        ):
-            raise _fail(name, "concurrency_per_proc", f"expected two positive ints, got {c!r}")
-        v["concurrency_per_proc"] = tuple(c)
-        v.setdefault("max_concurrency", v.get("num_processes", 8) * c[0])
-    if v.get("rule_mode", "official") not in RULE_MODES:
-        raise _fail(name, "rule_mode", f"expected one of {RULE_MODES}, got {v['rule_mode']!r}")
-    if not v.get("stop_word", "x"):
-        raise _fail(name, "stop_word", "must not be empty")
-    if "verify_prompt" in v:
-        v["verify_prompt"] = _prompt_fields(name, v["verify_prompt"])
-    if not v.get("hosts") and not v.get("rule_only", False):
-        raise _fail(name, "hosts", "no verifier host given; list one or set rule_only: True")
-    return MathJudgerSettings(name=name, **v)
+
+
+def _check_concurrency(name: str, v: dict) -> None:
+    if "concurrency_per_proc" not in v:
+        return
+    c = v["concurrency_per_proc"]
+    if not isinstance(c, (list, tuple)) or len(c) != 2 or not all(
+        isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in c
+    ):
+        raise _fail(name, "concurrency_per_proc", f"expected two positive ints, got {c!r}")
+    v["concurrency_per_proc"] = tuple(c)
+    v.setdefault("max_concurrency", v.get("num_processes", 8) * c[0])

@@ -1,10 +1,12 @@
 """Triton kernels of oreal-fast, installed as ``oreal_fast.kernels`` (never as a top-level ``kernels``).
 
 Every kernel has an eager PyTorch twin with the same signature (``impl="eager"``): the CPU path,
-the test oracle and the trainer's ``loss_impl="eager"`` switch.
+the test oracle and the trainer's ``loss_impl="eager"`` switch. What the families share
+(constants, the ``impl`` check, tile choice, argument checks) lives in ``common``.
 """
 
-from oreal_fast.kernels.linear_logprob import IGNORE_INDEX, linear_logprob, linear_logprob_eager
+from oreal_fast.kernels.common import IGNORE_INDEX
+from oreal_fast.kernels.linear_logprob import linear_logprob, linear_logprob_eager
 from oreal_fast.kernels.fused_oreal_loss import fused_oreal_loss, fused_oreal_loss_eager
 from oreal_fast.kernels.paged_attention import paged_decode_attention, paged_decode_attention_eager
 from oreal_fast.kernels.sampling import sample_from_logits, sample_from_logits_eager

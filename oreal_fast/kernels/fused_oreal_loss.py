@@ -2,8 +2,8 @@
 
 The math this file replaces, as eager code (the twin `fused_oreal_loss_eager`):
 
-    logprobs = linear_logprob(hidden, weight, labels)                  # [T] fp32
-    terms = oreal_actor_loss(logprobs, ref_logprobs, advantages, ...)  # oreal_fast.algo.loss
+    logprobs = linear_logprob(hidden, weight, labels)      # [T] fp32
+    terms = oreal_actor_loss(logprobs, inputs, coefs)      # oreal_fast.algo.loss
 
 Why it is faster: the loss's gradient with respect to each log-prob is known in closed form as
 soon as that log-prob is, g = -a+ - a- + kappa/N_act * k'(l, lref) (`oreal_logprob_grad`), so the
@@ -46,20 +46,28 @@ import triton
 import triton.language as tl
 
 from oreal_fast.algo.loss import (
+    ActorLossInputs,
     ActorLossTerms,
     LossCoefficients,
     kl_penalty,
     oreal_actor_loss,
     token_coefficients,
 )
-from oreal_fast.algo.normalisers import Normalisers
-from oreal_fast.kernels.linear_logprob import (
-    IGNORE_INDEX,
-    IMPLS,
-    _check_inputs,
-    _check_triton,
-    linear_logprob_eager,
+from oreal_fast.kernels.common import (
+    TL_IGNORE_INDEX,
+    TL_LN2,
+    TL_LOG2E,
+    TL_NEG_BIG,
+    addmm_fp32_,
+    autocast_operands,
+    check_eager_impl,
+    check_impl,
+    check_lm_head_inputs,
+    check_triton_operands,
+    mm_fp32,
+    tiles_for,
 )
+from oreal_fast.kernels.linear_logprob import linear_logprob_eager
 
 # Rows per chunk: the fp32 logits chunk is _CHUNK_ROWS * V * 4 bytes (1.2 GiB at V = 151936).
 _CHUNK_ROWS = 2048
@@ -67,11 +75,6 @@ _CHUNK_ROWS = 2048
 _BLOCK_V_CUDA, _WARPS_CUDA = 2048, 8
 _BLOCK_V_INTERPRET = 64
 _KL_TYPE_IDS = {"unbias": 0, "kl": 1, "mse": 2}
-_IGNORE = tl.constexpr(IGNORE_INDEX)
-# Stand-in for -inf in the online softmax: exp2 of it is 0, never NaN.
-_NEG_BIG = tl.constexpr(-1.0e30)
-_LOG2E = tl.constexpr(1.4426950408889634)
-_LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
@@ -85,20 +88,20 @@ def _rows_kernel(
     z_row = Z_ptr + r * stride_z
     offs = tl.arange(0, BLOCK_V)
     # Per-lane online softmax state in base 2 (y = z log2 e), merged across lanes at the end.
-    m = tl.full((BLOCK_V,), _NEG_BIG, tl.float32)
+    m = tl.full((BLOCK_V,), TL_NEG_BIG, tl.float32)
     s = tl.zeros((BLOCK_V,), tl.float32)
     for v0 in range(0, V, BLOCK_V):
         cols = v0 + offs
-        y = tl.load(z_row + cols, mask=cols < V, other=_NEG_BIG) * _LOG2E
+        y = tl.load(z_row + cols, mask=cols < V, other=TL_NEG_BIG) * TL_LOG2E
         m_new = tl.maximum(m, y)
         s = s * tl.exp2(m - m_new) + tl.exp2(y - m_new)
         m = m_new
     m_all = tl.max(m, 0)
     lse2 = m_all + tl.log2(tl.sum(s * tl.exp2(m - m_all), 0))
     lab = tl.load(L_ptr + r)
-    keep = lab != _IGNORE
+    keep = lab != TL_IGNORE_INDEX
     z_lab = tl.load(z_row + tl.where(keep, lab, 0))
-    lp = tl.where(keep, z_lab - lse2 * _LN2, 0.0)
+    lp = tl.where(keep, z_lab - lse2 * TL_LN2, 0.0)
     tl.store(LP_ptr + r, lp)
     if WRITE_DZ:
         ref = tl.load(REF_ptr + r)
@@ -116,36 +119,11 @@ def _rows_kernel(
         tl.debug_barrier()
         for v0 in range(0, V, BLOCK_V):
             cols = v0 + offs
-            y = tl.load(z_row + cols, mask=cols < V, other=0.0) * _LOG2E
+            y = tl.load(z_row + cols, mask=cols < V, other=0.0) * TL_LOG2E
             dz = tl.where(cols == lab, g, 0.0) - tl.exp2(y - lse2) * g
             # The narrower store covers fp32 elements of this step too: all warps read first.
             tl.debug_barrier()
             tl.store(dz_row + cols, dz.to(DZ_ptr.dtype.element_ty), mask=cols < V)
-
-
-def _mm_fp32(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
-    """out = a @ b, out fp32, a and b fp32 or bf16/fp16 (fp32 accumulation)."""
-    if a.dtype == torch.float32:
-        torch.mm(a, b, out=out)
-        return
-    try:
-        torch.mm(a, b, out_dtype=torch.float32, out=out)
-    except RuntimeError:
-        # torch builds without the out= form of the mixed-dtype GEMM: one temporary chunk.
-        out.copy_(torch.mm(a, b, out_dtype=torch.float32))
-
-
-def _addmm_fp32_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """acc += a @ b with acc fp32 and a, b possibly bf16/fp16 (fp32 accumulation throughout)."""
-    if a.dtype == torch.float32:
-        acc.addmm_(a, b)
-        return
-    try:
-        # One GEMM reading and writing the fp32 accumulator (beta = 1).
-        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
-    except RuntimeError:
-        # torch builds whose mixed-dtype addmm wants `acc` in the inputs' dtype.
-        acc += torch.mm(a, b, out_dtype=torch.float32)
 
 
 @dataclass(frozen=True)
@@ -173,9 +151,7 @@ def _forward(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
     V = weight.shape[0]
     dev = hidden.device
     with_grad = params.grad_hidden or params.grad_weight
-    on_cuda = dev.type == "cuda"
-    block_v = _BLOCK_V_CUDA if on_cuda else _BLOCK_V_INTERPRET
-    warps = _WARPS_CUDA if on_cuda else 1
+    block_v, warps = tiles_for(dev, (_BLOCK_V_CUDA, _WARPS_CUDA), (_BLOCK_V_INTERPRET, 1))
     lp = torch.empty(T, dtype=torch.float32, device=dev)
     dH = torch.empty_like(hidden) if params.grad_hidden else None
     dW32 = torch.zeros((V, K), dtype=torch.float32, device=dev) if params.grad_weight else None
@@ -186,7 +162,7 @@ def _forward(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
     for t0 in range(0, T, rows):
         t1 = min(t0 + rows, T)
         z_c, h_c = z[: t1 - t0], hidden[t0:t1]
-        _mm_fp32(h_c, weight.t(), z_c)
+        mm_fp32(h_c, weight.t(), z_c)
         dz_c = z_as_in[: t1 - t0, :V]
         _rows_kernel[(t1 - t0,)](
             z_c, dz_c, labels[t0:], ref[t0:], c0[t0:], kl_scale, lp[t0:],
@@ -197,7 +173,7 @@ def _forward(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
         if params.grad_hidden:
             torch.mm(dz_c, weight, out=dH[t0:t1])
         if params.grad_weight:
-            _addmm_fp32_(dW32, dz_c.t(), h_c)
+            addmm_fp32_(dW32, dz_c.t(), h_c)
     dW = None
     if dW32 is not None:
         dW = dW32 if weight.dtype == torch.float32 else dW32.to(weight.dtype)
@@ -245,16 +221,19 @@ def _per_token(name: str, x: torch.Tensor | None, T: int, device: torch.device
     return x.to(device)
 
 
+def _checked_inputs(inputs: ActorLossInputs, T: int, device: torch.device) -> ActorLossInputs:
+    """``inputs`` with every per-token tensor checked ([T], no grad) and on ``device``; ref_logprobs fp32."""
+    per_token = {name: _per_token(name, getattr(inputs, name), T, device)
+                 for name in ("ref_logprobs", "advantages", "is_positive", "w_pos", "w_neg")}
+    per_token["ref_logprobs"] = per_token["ref_logprobs"].float().contiguous()
+    return inputs._replace(**per_token)
+
+
 def fused_oreal_loss(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     labels: torch.Tensor,
-    ref_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    is_positive: torch.Tensor,
-    w_pos: torch.Tensor | None,
-    w_neg: torch.Tensor | None,
-    norm: Normalisers,
+    inputs: ActorLossInputs,
     coefs: LossCoefficients,
     *,
     impl: str = "triton",
@@ -263,60 +242,48 @@ def fused_oreal_loss(
 
     `oreal_actor_loss` with hidden / weight / labels in place of the log-probs. Differentiable
     with respect to hidden and weight through `terms.loss`; the gradients are formed in the
-    forward (skipped under `torch.no_grad` or when neither requires grad).
+    forward (skipped under `torch.no_grad` or when neither requires grad). Under autocast, hidden
+    and weight are first cast to the autocast dtype (`common.autocast_operands`).
 
     Args:
         hidden: [A, H] bf16/fp16/fp32, last dim contiguous: final-norm states of the action tokens.
-        weight: [V, H] same dtype (the LM head).
+        weight: [V, H] the same dtype, or any floating dtype under autocast (the LM head).
         labels: [A] int64 in [0, V) or -100 (logprob 0, zero gradient).
-        ref_logprobs: [A] reference log-probs.
-        advantages: [A] fp32, each token carries its sequence's A_i.
-        is_positive: [A] bool, its sequence's reward > 0.
-        w_pos, w_neg: [A] RM token weights, or None (weight 1).
-        norm: the step's global normalisers.
+        inputs: the per-token loss inputs ([A] each) and the step's normalisers.
         coefs: the loss constants, as in `oreal_actor_loss`.
         impl: "triton" (on CPU only under TRITON_INTERPRET=1 with fp32) or "eager".
 
     Returns:
         (ActorLossTerms, logprobs [A] fp32 detached).
     """
-    if impl not in IMPLS:
-        raise ValueError(f"fused_oreal_loss: impl must be one of {IMPLS}, got {impl!r}")
+    check_impl("fused_oreal_loss", impl)
     if impl == "eager":
-        return fused_oreal_loss_eager(hidden, weight, labels, ref_logprobs, advantages,
-                                      is_positive, w_pos, w_neg, norm, coefs)
-    _check_inputs(hidden, weight, labels, 1.0)
-    _check_triton(hidden, weight, labels)
-    T, dev = hidden.shape[0], hidden.device
-    ref = _per_token("ref_logprobs", ref_logprobs, T, dev).float().contiguous()
-    adv = _per_token("advantages", advantages, T, dev)
-    pos = _per_token("is_positive", is_positive, T, dev)
-    w_pos = _per_token("w_pos", w_pos, T, dev)
-    w_neg = _per_token("w_neg", w_neg, T, dev)
-    a_pos, a_neg, kl_scale = token_coefficients(adv, pos, w_pos, w_neg, norm, coefs)
-    a_pos, a_neg, kl_scale = a_pos.contiguous(), a_neg.contiguous(), kl_scale.to(dev)
+        return fused_oreal_loss_eager(hidden, weight, labels, inputs, coefs)
+    hidden, weight = autocast_operands(hidden, weight)
+    check_lm_head_inputs("fused_oreal_loss", hidden, weight, labels)
+    check_triton_operands("fused_oreal_loss", hidden, weight, others=(labels,))
+    inputs = _checked_inputs(inputs, hidden.shape[0], hidden.device)
+    a_pos, a_neg, kl_scale = token_coefficients(inputs, coefs)
+    a_pos, a_neg, kl_scale = a_pos.contiguous(), a_neg.contiguous(), kl_scale.to(hidden.device)
     grad_on = torch.is_grad_enabled()
     params = _Params(coefs.kl_type, grad_on and hidden.requires_grad, grad_on and weight.requires_grad)
-    if not (params.grad_hidden or params.grad_weight):
+    ref = inputs.ref_logprobs
+    with torch.autocast(hidden.device.type, enabled=False):
+        if params.grad_hidden or params.grad_weight:
+            loss, positive, negative, kl, lp = _FusedOrealLoss.apply(
+                hidden, weight, labels, ref, a_pos, a_neg, kl_scale, params)
+            return ActorLossTerms(loss, positive, negative, kl), lp
         with torch.no_grad():
             lp, _, _ = _forward(hidden, weight, labels, ref, -a_pos - a_neg, kl_scale, params)
             positive, negative, kl = _loss_values(lp, ref, a_pos, a_neg, kl_scale, coefs.kl_type)
-        return ActorLossTerms(positive + negative + kl, positive, negative, kl), lp
-    loss, positive, negative, kl, lp = _FusedOrealLoss.apply(
-        hidden, weight, labels, ref, a_pos, a_neg, kl_scale, params)
-    return ActorLossTerms(loss, positive, negative, kl), lp
+    return ActorLossTerms(positive + negative + kl, positive, negative, kl), lp
 
 
 def fused_oreal_loss_eager(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     labels: torch.Tensor,
-    ref_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    is_positive: torch.Tensor,
-    w_pos: torch.Tensor | None,
-    w_neg: torch.Tensor | None,
-    norm: Normalisers,
+    inputs: ActorLossInputs,
     coefs: LossCoefficients,
     *,
     impl: str = "eager",
@@ -325,8 +292,9 @@ def fused_oreal_loss_eager(
 
     Same arguments and returns (logprobs fp64 for fp64 inputs); the CPU path and the test oracle.
     """
-    if impl != "eager":
-        raise ValueError(f"fused_oreal_loss_eager: impl must be 'eager', got {impl!r}")
-    lp = linear_logprob_eager(hidden, weight, labels)
-    terms = oreal_actor_loss(lp, ref_logprobs, advantages, is_positive, w_pos, w_neg, norm, coefs)
+    check_eager_impl("fused_oreal_loss_eager", impl)
+    hidden, weight = autocast_operands(hidden, weight)
+    with torch.autocast(hidden.device.type, enabled=False):
+        lp = linear_logprob_eager(hidden, weight, labels)
+        terms = oreal_actor_loss(lp, inputs, coefs)
     return terms, lp.detach()

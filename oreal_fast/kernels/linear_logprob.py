@@ -53,9 +53,22 @@ import torch
 import triton
 import triton.language as tl
 
-IGNORE_INDEX = -100
-IMPLS = ("triton", "eager")
-_IGNORE = tl.constexpr(IGNORE_INDEX)
+from oreal_fast.kernels.common import (
+    IGNORE_INDEX,
+    TL_IGNORE_INDEX,
+    TL_LN2,
+    TL_LOG2E,
+    TL_NEG_BIG,
+    addmm_fp32_,
+    autocast_operands,
+    check_eager_impl,
+    check_impl,
+    check_lm_head_inputs,
+    check_triton_operands,
+    dot_precision,
+    multiprocessor_count,
+    tiles_for,
+)
 
 # Upper bound on the backward's dz chunk ([T, Vc] in the input dtype). 128 MiB keeps the whole
 # backward (dW, dH fp32 accumulator, chunk) near 0.5 GiB at T = 16384, V = 151936.
@@ -66,10 +79,6 @@ _MIN_SPLITS = 4
 _PROGRAMS_PER_SM = 2
 # Eager twin: rows per chunk so that one fp32/fp64 logits chunk holds about this many elements.
 _EAGER_CHUNK_ELEMS = 2**24
-# Stand-in for -inf in the online softmax: exp() of it is 0 and 0 * it is 0, never NaN.
-_NEG_BIG = tl.constexpr(-1.0e30)
-_LOG2E = tl.constexpr(1.4426950408889634)
-_LN2 = tl.constexpr(0.6931471805599453)
 
 
 @dataclass(frozen=True)
@@ -111,7 +120,7 @@ def _lse_fwd_kernel(
     v_lo = pid_s * tiles_per_split * BLOCK_V
     v_hi = tl.minimum(v_lo + tiles_per_split * BLOCK_V, V)
 
-    m = tl.full((BLOCK_T,), _NEG_BIG, tl.float32)
+    m = tl.full((BLOCK_T,), TL_NEG_BIG, tl.float32)
     s = tl.zeros((BLOCK_T,), tl.float32)
     a = tl.zeros((BLOCK_T,), tl.float32)
     for v0 in range(v_lo, v_hi, BLOCK_V):
@@ -127,7 +136,7 @@ def _lse_fwd_kernel(
             acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PREC)
         # Base-2 logits y = z * log2(e) so that exp is one ex2 instruction.
         # Columns past this split's end must not count: a finite stand-in keeps 0 * y at 0.
-        y = tl.where(col_ok[None, :], acc * (inv_temp * _LOG2E), _NEG_BIG)
+        y = tl.where(col_ok[None, :], acc * (inv_temp * TL_LOG2E), TL_NEG_BIG)
         m_new = tl.maximum(m, tl.max(y, 1))
         alpha = tl.exp2(m - m_new)
         e = tl.exp2(y - m_new[:, None])
@@ -186,17 +195,17 @@ def _dz_kernel(
         acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PREC)
     lse = tl.load(LSE_ptr + rows, mask=row_ok, other=0.0)
     # log2 p = z * log2(e) - lse * log2(e): p is one ex2 instruction.
-    log2p = acc * (inv_temp * _LOG2E) - lse[:, None] * _LOG2E
+    log2p = acc * (inv_temp * TL_LOG2E) - lse[:, None] * TL_LOG2E
     # g_lp (and g_ent) are already zero on ignored rows, which makes the whole row of dz zero.
     g_lp = tl.load(GL_ptr + rows, mask=row_ok, other=0.0)
-    lab = tl.load(L_ptr + rows, mask=row_ok, other=_IGNORE)
+    lab = tl.load(L_ptr + rows, mask=row_ok, other=TL_IGNORE_INDEX)
     p = tl.exp2(log2p)
     c = tl.broadcast_to(g_lp[:, None], (BLOCK_T, BLOCK_V))
     if HAS_ENT:
         g_ent = tl.load(GE_ptr + rows, mask=row_ok, other=0.0)
         ent = tl.load(ENT_ptr + rows, mask=row_ok, other=0.0)
         # z - lse + entropy = ln p + entropy.
-        c = c + g_ent[:, None] * (log2p * _LN2 + ent[:, None])
+        c = c + g_ent[:, None] * (log2p * TL_LN2 + ent[:, None])
     dz = tl.where(cols[None, :] == lab[:, None], g_lp[:, None], 0.0) - p * c
     # d z / d (h . w) = 1 / temperature.
     dz = dz * inv_temp
@@ -205,56 +214,25 @@ def _dz_kernel(
 
 
 def _blocks(device: torch.device, dtype: torch.dtype, cuda_blocks: _Blocks) -> _Blocks:
-    if device.type != "cuda":
-        return _BLOCKS_INTERPRET
+    b = tiles_for(device, cuda_blocks, _BLOCKS_INTERPRET)
     # fp32 operands take twice the shared memory per stage: halve the K tile to fit.
-    return replace(cuda_blocks, k=cuda_blocks.k // 2) if dtype == torch.float32 else cuda_blocks
-
-
-def _dot_precision(dtype: torch.dtype) -> str:
-    # fp32 inputs get a true fp32 dot (tf32 would cost ~1e-3 relative error); bf16/fp16 ignore it.
-    return "ieee" if dtype == torch.float32 else "tf32"
+    return replace(b, k=b.k // 2) if device.type == "cuda" and dtype == torch.float32 else b
 
 
 def _num_splits(T: int, block_t: int, device: torch.device) -> int:
     """Vocabulary splits of the forward grid (two in the interpreter, to test the merge)."""
     if device.type != "cuda":
         return 2
-    num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+    num_sms = multiprocessor_count(device)
     row_blocks = max(1, triton.cdiv(T, block_t))  # T = 0: an empty grid, any split count
     return max(_MIN_SPLITS, round(_PROGRAMS_PER_SM * num_sms / row_blocks))
 
 
 def _check_inputs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
                   temperature: float) -> None:
-    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
-        raise ValueError(f"linear_logprob: hidden must be [T, H] and weight [V, H]; got hidden "
-                         f"{tuple(hidden.shape)} and weight {tuple(weight.shape)}")
-    if labels.shape != (hidden.shape[0],) or labels.dtype != torch.int64:
-        raise ValueError(f"linear_logprob: labels must be [T] int64 with T = {hidden.shape[0]}; "
-                         f"got {tuple(labels.shape)} {labels.dtype}")
-    if hidden.dtype != weight.dtype:
-        raise ValueError(f"linear_logprob: hidden ({hidden.dtype}) and weight ({weight.dtype}) "
-                         "must have the same dtype")
+    check_lm_head_inputs("linear_logprob", hidden, weight, labels)
     if not temperature > 0:
         raise ValueError(f"linear_logprob: temperature must be > 0, got {temperature}")
-    V = weight.shape[0]
-    ok = ((labels >= 0) & (labels < V)) | (labels == IGNORE_INDEX)
-    # An async device-side assert: a clear message, no host sync on GPU.
-    torch._assert_async(ok.all(), f"linear_logprob: labels must be in [0, {V}) or -100")
-
-
-def _check_triton(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> None:
-    if hidden.device != weight.device or hidden.device != labels.device:
-        raise ValueError("linear_logprob: hidden, weight and labels must be on one device")
-    if hidden.stride(1) != 1 or weight.stride(1) != 1:
-        raise ValueError("linear_logprob: the last dimension of hidden and weight must be "
-                         "contiguous")
-    if hidden.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        raise ValueError(f"linear_logprob(impl='triton') takes bf16, fp16 or fp32, got {hidden.dtype}")
-    if hidden.device.type == "cpu" and hidden.dtype != torch.float32:
-        raise ValueError("linear_logprob(impl='triton') on CPU (TRITON_INTERPRET=1) needs fp32 "
-                         f"inputs, got {hidden.dtype}; use impl='eager'")
 
 
 def _forward(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
@@ -273,7 +251,7 @@ def _forward(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
     _lse_fwd_kernel[(triton.cdiv(T, b.t) * S,)](
         hidden, weight, labels, m, s, a, zl,
         T, V, K, hidden.stride(0), weight.stride(0), inv_temp, S,
-        HAS_ENT=with_entropy, DOT_PREC=_dot_precision(hidden.dtype),
+        HAS_ENT=with_entropy, DOT_PREC=dot_precision(hidden.dtype),
         BLOCK_T=b.t, BLOCK_V=b.v, BLOCK_K=b.k, num_warps=b.num_warps, num_stages=b.num_stages,
     )
     # m and a are in base-2 units (log2 of the logits' exp), s is a plain sum.
@@ -288,20 +266,6 @@ def _forward(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
         a_all = (scale * (a + (m - m_all) * s)).sum(0)
         entropy = torch.where(ignored, 0.0, torch.log(s_all) - a_all / s_all * math.log(2))
     return logprobs, lse, entropy
-
-
-def _addmm_fp32_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """acc += a @ b with acc fp32 and a, b possibly bf16/fp16 (fp32 accumulation throughout)."""
-    if a.dtype == torch.float32:
-        acc.addmm_(a, b)
-        return
-    # torch's mixed-dtype addmm wants `acc` in the inputs' dtype, so the product comes back in
-    # fp32 on its own and is added after.
-    try:
-        acc += torch.mm(a, b, out_dtype=torch.float32)
-    except (RuntimeError, TypeError):
-        # Builds without the mixed-dtype GEMM: each chunk's partial is rounded once to bf16.
-        acc += (a @ b).float()
 
 
 def _backward(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor,
@@ -329,12 +293,12 @@ def _backward(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, 
             hidden, weight, labels, lse, g_lp, g_ent if has_ent else g_lp,
             entropy if has_ent else lse, dz_c,
             T, V, K, v_lo, v_hi, hidden.stride(0), weight.stride(0), dz_c.stride(0), inv_temp,
-            HAS_ENT=has_ent, DOT_PREC=_dot_precision(hidden.dtype),
+            HAS_ENT=has_ent, DOT_PREC=dot_precision(hidden.dtype),
             BLOCK_T=b.t, BLOCK_V=b.v, BLOCK_K=b.k, num_warps=b.num_warps, num_stages=b.num_stages,
         )
         # dW rows of this chunk are complete: the GEMM reduces over all T in fp32.
         torch.mm(dz_c.t(), hidden, out=dW[v_lo:v_hi])
-        _addmm_fp32_(dH, dz_c, weight[v_lo:v_hi])
+        addmm_fp32_(dH, dz_c, weight[v_lo:v_hi])
     return dH.to(hidden.dtype), dW
 
 
@@ -382,10 +346,12 @@ def linear_logprob(
 
     Differentiable with respect to hidden and weight (through logprobs and entropy). Under
     `torch.no_grad` (or with no input requiring grad) it is a single forward pass that saves nothing.
+    Under autocast, hidden and weight are first cast to the autocast dtype, as a matmul's operands
+    would be (`common.autocast_operands`); the rest computes with autocast off.
 
     Args:
         hidden: [T, H] bf16/fp16/fp32, last dim contiguous.
-        weight: [V, H] same dtype (the LM head).
+        weight: [V, H] the same dtype, or any floating dtype under autocast (the LM head).
         labels: [T] int64 in [0, V) or -100 (ignored: logprob 0, entropy 0, zero gradient).
         temperature: logits are divided by it (> 0).
         return_entropy: also return the entropy of softmax(logits / temperature).
@@ -394,20 +360,20 @@ def linear_logprob(
     Returns:
         logprobs: [T] fp32, or (logprobs [T] fp32, entropy [T] fp32) if return_entropy.
     """
-    if impl not in IMPLS:
-        raise ValueError(f"linear_logprob: impl must be one of {IMPLS}, got {impl!r}")
+    check_impl("linear_logprob", impl)
     if impl == "eager":
         return linear_logprob_eager(hidden, weight, labels, temperature=temperature,
                                     return_entropy=return_entropy)
+    hidden, weight = autocast_operands(hidden, weight)
     _check_inputs(hidden, weight, labels, temperature)
-    _check_triton(hidden, weight, labels)
+    check_triton_operands("linear_logprob", hidden, weight, others=(labels,))
     needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    if not needs_grad:
+    with torch.autocast(hidden.device.type, enabled=False):
+        if needs_grad:
+            return _LinearLogprob.apply(hidden, weight, labels, _Params(1.0 / temperature, return_entropy))
         with torch.no_grad():
-            logprobs, _, entropy = _forward(hidden, weight, labels, 1.0 / temperature,
-                                            return_entropy)
-        return (logprobs, entropy) if return_entropy else logprobs
-    return _LinearLogprob.apply(hidden, weight, labels, _Params(1.0 / temperature, return_entropy))
+            logprobs, _, entropy = _forward(hidden, weight, labels, 1.0 / temperature, return_entropy)
+    return (logprobs, entropy) if return_entropy else logprobs
 
 
 def _eager_chunk(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
@@ -438,12 +404,19 @@ def linear_logprob_eager(
 
     Computes in fp32 (fp64 for fp64 inputs), over chunks of rows; under autograd each chunk is
     recomputed in backward (activation checkpointing), so memory stays bounded by one chunk.
-    Same arguments and returns as `linear_logprob`; logprobs/entropy come back as fp32, or fp64
-    for fp64 inputs.
+    Same arguments and returns as `linear_logprob` (autocast included); logprobs/entropy come
+    back as fp32, or fp64 for fp64 inputs.
     """
-    if impl != "eager":
-        raise ValueError(f"linear_logprob_eager: impl must be 'eager', got {impl!r}")
+    check_eager_impl("linear_logprob_eager", impl)
+    hidden, weight = autocast_operands(hidden, weight)
     _check_inputs(hidden, weight, labels, temperature)
+    with torch.autocast(hidden.device.type, enabled=False):
+        return _eager_chunks(hidden, weight, labels, temperature, return_entropy)
+
+
+def _eager_chunks(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                  temperature: float, return_entropy: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """`_eager_chunk` over row chunks, each recomputed in backward when a gradient is needed."""
     rows = max(1, _EAGER_CHUNK_ELEMS // max(weight.shape[0], 1))
     needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     parts = []

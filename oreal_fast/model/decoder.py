@@ -30,7 +30,6 @@ rope tables computed in fp32 then cast), so the same weights give the same hidde
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
@@ -384,30 +383,6 @@ class TokenRewardModel(nn.Module):
         """One score per token: scores [T] in the parameter dtype (one H-wide dot per token)."""
         hidden = self.backbone(input_ids, positions, cu_seqlens, max_seqlen)
         return self.score_head(hidden).squeeze(-1)
-
-
-def benchmark_forward(
-    model: nn.Module, input_ids: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor,
-    max_seqlen: int, *, warmup: int = 2, iters: int = 5,
-) -> float:
-    """Median wall time of one no-grad forward, in milliseconds (CUDA events on GPU)."""
-    times = []
-    with torch.no_grad():
-        for i in range(warmup + iters):
-            if input_ids.is_cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                model(input_ids, positions, cu_seqlens, max_seqlen)
-                end.record()
-                torch.cuda.synchronize()
-                ms = start.elapsed_time(end)
-            else:
-                t0 = time.perf_counter()
-                model(input_ids, positions, cu_seqlens, max_seqlen)
-                ms = (time.perf_counter() - t0) * 1e3
-            if i >= warmup:
-                times.append(ms)
-    return sorted(times)[len(times) // 2]
 
 
 def trunk_flops(config: DecoderConfig, seq_lens: list[int]) -> int:

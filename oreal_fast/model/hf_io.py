@@ -15,7 +15,6 @@ reads back to the same logits, and `load_decoder` of that folder gives back the 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from oreal_fast.model.attention import resolve_backend_name
 from oreal_fast.package_refs import is_package_ref, resolve_package_ref
@@ -311,25 +310,3 @@ def save_hf_checkpoint(model: Decoder, tokenizer, folder: str, *, dtype: torch.d
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
 
-
-def save_state(model: torch.nn.Module, path: str) -> None:
-    """Save a module's full state dict (our names) as one safetensors file, for resume."""
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, path, metadata={"format": "pt", "oreal_fast": json.dumps({"num_tensors": len(state)})})
-
-
-def load_state(model: torch.nn.Module, path: str) -> None:
-    """Copy a `save_state` file into `model` in place (keeping its dtype and device); keys and shapes must match."""
-    state = load_file(path)
-    expected = model.state_dict()
-    if set(state) != set(expected):
-        extra, missing = sorted(set(state) - set(expected)), sorted(set(expected) - set(state))
-        raise ValueError(f"{path}: keys do not match the model (unexpected {extra[:3]}, missing {missing[:3]})")
-    for key, tensor in state.items():
-        if tensor.shape != expected[key].shape:
-            raise ValueError(
-                f"{path}: {key} has shape {tuple(tensor.shape)}, the model has {tuple(expected[key].shape)}"
-            )
-    with torch.no_grad():
-        for key, tensor in state.items():
-            expected[key].copy_(tensor)

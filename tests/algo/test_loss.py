@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from oreal_fast.algo import (
+    ActorLossInputs,
     LossCoefficients,
     Normalisers,
     actor_metric_sums,
@@ -84,7 +85,7 @@ def _hand_loss(lp, ref, w_pos, w_neg, kl_type, pos_mult_adv):
 @pytest.mark.parametrize("pos_mult_adv", [True, False])
 def test_loss_terms_match_hand_formula(kl_type, pos_mult_adv):
     _, lp, ref, _, adv, pos, w_pos, w_neg = _inputs()
-    terms = oreal_actor_loss(lp, ref, adv, pos, w_pos, w_neg, NORM, _coefs(kl_type, pos_mult_adv))
+    terms = oreal_actor_loss(lp, ActorLossInputs(ref, adv, pos, w_pos, w_neg, NORM), _coefs(kl_type, pos_mult_adv))
     want = _hand_loss(lp, ref, w_pos, w_neg, kl_type, pos_mult_adv)
     got = [terms.positive_loss.item(), terms.negative_loss.item(), terms.kl_penalty_loss.item()]
     assert got == pytest.approx(want, rel=1e-5)
@@ -97,8 +98,8 @@ def test_loss_terms_match_hand_formula(kl_type, pos_mult_adv):
 def test_grad_g_equals_autograd_on_tiny_model(kl_type, pos_mult_adv):
     logits, lp, ref, labels, adv, pos, w_pos, w_neg = _inputs(seed=1)
     coefs = _coefs(kl_type, pos_mult_adv)
-    oreal_actor_loss(lp, ref, adv, pos, w_pos, w_neg, NORM, coefs).loss.backward()
-    g = oreal_logprob_grad(lp, ref, adv, pos, w_pos, w_neg, NORM, coefs).double()
+    oreal_actor_loss(lp, ActorLossInputs(ref, adv, pos, w_pos, w_neg, NORM), coefs).loss.backward()
+    g = oreal_logprob_grad(lp, ActorLossInputs(ref, adv, pos, w_pos, w_neg, NORM), coefs).double()
     torch.testing.assert_close(lp.grad, g, rtol=1e-5, atol=1e-9)
     # dL/dz_t = g_t (onehot(a_t) - softmax(z_t)) for the logits
     onehot = torch.nn.functional.one_hot(labels, V).double()
@@ -108,7 +109,7 @@ def test_grad_g_equals_autograd_on_tiny_model(kl_type, pos_mult_adv):
 
 def test_g_hand_unbias():
     _, lp, ref, _, adv, pos, w_pos, w_neg = _inputs(seed=2)
-    g = oreal_logprob_grad(lp, ref, adv, pos, w_pos, w_neg, NORM, _coefs())
+    g = oreal_logprob_grad(lp, ActorLossInputs(ref, adv, pos, w_pos, w_neg, NORM), _coefs())
     want = []
     t = 0
     for r, a, n in zip(REWARDS, ADV, LENS):
@@ -127,7 +128,7 @@ def test_worked_example_10_1():
     w = torch.tensor([0.25, 0.5, 1.0, 0.75])
     adv = torch.tensor([1.6, 1.6, -8 / 15, -8 / 15])
     pos = torch.tensor([True, True, False, False])
-    g = oreal_logprob_grad(lp, lp.clone(), adv, pos, w, w, norm, _coefs())
+    g = oreal_logprob_grad(lp, ActorLossInputs(lp.clone(), adv, pos, w, w, norm), _coefs())
     # reference: correct g = -(1/60000) 1.6 w+, incorrect g = +2.424e-6 w- (KL part 0 here)
     want = [-(1 / 60000) * 1.6 * 0.25, -(1 / 60000) * 1.6 * 0.5, 2.424e-6, 2.424e-6 * 0.75]
     torch.testing.assert_close(g, torch.tensor(want), rtol=2e-4, atol=0)
@@ -135,7 +136,7 @@ def test_worked_example_10_1():
 
 def test_negative_value_is_sum_a_w():
     _, lp, ref, _, adv, pos, w_pos, w_neg = _inputs()
-    terms = oreal_actor_loss(lp, ref, adv, pos, w_pos, w_neg, NORM, _coefs())
+    terms = oreal_actor_loss(lp, ActorLossInputs(ref, adv, pos, w_pos, w_neg, NORM), _coefs())
     neg = [(a, n) for r, a, n in zip(REWARDS, ADV, LENS) if r <= 0]
     w = w_neg[LENS[0]:].tolist()
     want = -0.5 / 25 * (neg[0][0] * sum(w[:neg[0][1]]) + neg[1][0] * sum(w[neg[0][1]:]))
@@ -158,15 +159,15 @@ def test_kl_type_kl_zero_value_at_reference():
 def test_no_rm_means_unit_weights():
     _, lp, ref, _, adv, pos, _, _ = _inputs()
     ones = torch.ones_like(lp)
-    a = oreal_actor_loss(lp, ref, adv, pos, None, None, NORM, _coefs())
-    b = oreal_actor_loss(lp, ref, adv, pos, ones, ones, NORM, _coefs())
+    a = oreal_actor_loss(lp, ActorLossInputs(ref, adv, pos, None, None, NORM), _coefs())
+    b = oreal_actor_loss(lp, ActorLossInputs(ref, adv, pos, ones, ones, NORM), _coefs())
     assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
 def test_no_positive_tokens_is_finite():
     lp = torch.tensor([-1.0, -2.0])
     adv, pos = torch.tensor([-0.5, -0.5]), torch.tensor([False, False])
-    terms = oreal_actor_loss(lp, lp - 0.1, adv, pos, None, None, _norm(2, 0, 2, 1), _coefs())
+    terms = oreal_actor_loss(lp, ActorLossInputs(lp - 0.1, adv, pos, None, None, _norm(2, 0, 2, 1)), _coefs())
     assert terms.positive_loss.item() == 0.0 and torch.isfinite(terms.loss)
 
 
@@ -214,8 +215,9 @@ def test_k3_value_and_grad_vs_fp64_for_close_policies(sign):
 def test_logged_kl_loss_vs_fp64_at_small_d():
     lp = torch.full((1000,), -1.3)
     ref = lp + 1e-4
-    terms = oreal_actor_loss(lp, ref, torch.zeros(1000), torch.zeros(1000, dtype=torch.bool), None, None,
-                             _norm(1000, 0, 1000, 10), _coefs())
+    inputs = ActorLossInputs(ref, torch.zeros(1000), torch.zeros(1000, dtype=torch.bool), None, None,
+                             _norm(1000, 0, 1000, 10))
+    terms = oreal_actor_loss(lp, inputs, _coefs())
     d = (ref[0].double() - lp[0].double()).item()
     want = 0.01 / 1000 * 1000 * _k3_series(d)
     assert terms.kl_penalty_loss.item() == pytest.approx(want, rel=1e-5)

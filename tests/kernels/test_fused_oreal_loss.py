@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from oreal_fast.algo.loss import LossCoefficients
+from oreal_fast.algo.loss import ActorLossInputs, LossCoefficients
 from oreal_fast.algo.normalisers import Normalisers
 from oreal_fast.kernels import IGNORE_INDEX, fused_oreal_loss, linear_logprob_eager
 
@@ -55,7 +55,7 @@ def _call(inp, coefs, impl, dtype=None, grad=True):
     h = args.pop("hidden").detach().to(dtype or inp["hidden"].dtype).requires_grad_(grad)
     w = args.pop("weight").detach().to(dtype or inp["weight"].dtype).requires_grad_(grad)
     labels = args.pop("labels")
-    terms, lp = fused_oreal_loss(h, w, labels, **args, coefs=coefs, impl=impl)
+    terms, lp = fused_oreal_loss(h, w, labels, ActorLossInputs(**args), coefs, impl=impl)
     if grad:
         terms.loss.backward()
     return terms, lp, h.grad, w.grad
@@ -143,7 +143,7 @@ def test_hidden_only_grad_skips_weight(device):
     inp = _inputs(37, 40, 203, device)
     h = inp["hidden"].clone().requires_grad_()
     args = {k: v for k, v in inp.items() if k not in ("hidden", "weight", "labels")}
-    terms, _ = fused_oreal_loss(h, inp["weight"], inp["labels"], **args, coefs=_coefs())
+    terms, _ = fused_oreal_loss(h, inp["weight"], inp["labels"], ActorLossInputs(**args), _coefs())
     terms.loss.backward()
     _, _, r_dH, _ = _call(inp, _coefs(), "eager", dtype=torch.float64)
     _assert_close("dH", h.grad, r_dH, 1e-4)
@@ -155,7 +155,7 @@ def test_incoming_gradient_scales_dh_dw(device):
     h = inp["hidden"].clone().requires_grad_()
     w = inp["weight"].clone().requires_grad_()
     args = {k: v for k, v in inp.items() if k not in ("hidden", "weight", "labels")}
-    terms, _ = fused_oreal_loss(h, w, inp["labels"], **args, coefs=_coefs())
+    terms, _ = fused_oreal_loss(h, w, inp["labels"], ActorLossInputs(**args), _coefs())
     (3 * terms.loss).backward()
     _, _, r_dH, r_dW = _call(inp, _coefs(), "eager", dtype=torch.float64)
     _assert_close("dH", h.grad, 3 * r_dH, 1e-4)
@@ -189,8 +189,8 @@ def test_bad_arguments_name_the_fault(change, match):
         else:
             coefs[key] = value
     with pytest.raises(ValueError, match=match):
-        fused_oreal_loss(inp.pop("hidden"), inp.pop("weight"), inp.pop("labels"), **inp,
-                         coefs=LossCoefficients(**coefs), impl=impl)
+        fused_oreal_loss(inp.pop("hidden"), inp.pop("weight"), inp.pop("labels"), ActorLossInputs(**inp),
+                         LossCoefficients(**coefs), impl=impl)
 
 
 @needs_cuda

@@ -11,8 +11,9 @@ Measured on an H200 (torch 2.11): max 0.136 vs 0.127, mean 0.01421 vs 0.01420.
 import pytest
 import torch
 
+from benchmarks.forward_timing import benchmark_forward
 from oreal_fast.kernels.trunk_inference import INFERENCE_OPS
-from oreal_fast.model import Decoder, benchmark_forward, decoder_from_hf
+from oreal_fast.model import Decoder, decoder_from_hf
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

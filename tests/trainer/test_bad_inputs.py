@@ -15,8 +15,7 @@ from oreal_fast.config import load_config
 from oreal_fast.judge import Router
 from oreal_fast.trainer import Trainer
 
-from conftest import ScriptedRollout, make_tokenizer
-from test_step import write_config
+from trainer_helpers import ScriptedRollout, make_tokenizer, write_config
 
 
 def test_empty_dataset_exits_2_with_a_message(tmp_path, tiny_model_dir):

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from oreal_fast.checkpoint_manager import check_data_parallel
 from oreal_fast.config import ConfigError, load_config
 from oreal_fast.model.hf_io import load_decoder, load_token_rm
 from oreal_fast.model.decoder import Decoder
@@ -20,17 +21,19 @@ from oreal_fast.metrics import reproducible_metrics
 from oreal_fast.parallel import (
     DataParallel,
     close_data_parallel,
-    copy_full_weights,
     full_tensor,
+    full_weights,
     init_data_parallel,
+    load_weights,
     parallelize,
 )
-from oreal_fast.rl_step import Precision, RLModels, clip_and_step, rl_phase
-from oreal_fast.trainer import Trainer, check_data_parallel, rl_settings
+from oreal_fast.optimizers import clip_gradients
+from oreal_fast.rl_step import RLSettings, rl_phase
+from oreal_fast.runtime import Precision, RLModels
+from oreal_fast.trainer import Trainer
 from oreal_fast.trajectories import Trajectory, plan_micro_batches
 
-from conftest import KeywordRouter, make_tokenizer
-from test_step import K, TEXTS, write_config
+from trainer_helpers import K, TEXTS, KeywordRouter, make_tokenizer, write_config
 
 # fp32 on both sides; only the order of the sums differs (ranks' partial sums, shard-wise norms)
 RTOL = 2e-5
@@ -65,11 +68,12 @@ def _one_step(cfg_path: str, actor_dir: str, ref_dir: str, num_kept: int, budget
                       load_token_rm(ref_dir, dtype=torch.float32, device=dev))
     with torch.no_grad():  # a non-zero RM head, so the token weights are not all equal
         models.token_rm.score_head.weight.copy_(torch.randn(1, 32, generator=torch.Generator().manual_seed(0)))
+    precision = Precision(dev, torch.float32)
     if dp.enabled:
-        parallelize(models.actor, models.actor.blocks, dev)
-        parallelize(models.reference, models.reference.blocks, dev)
-        parallelize(models.token_rm, models.token_rm.backbone.blocks, dev)
-    sums = rl_phase(models, _kept(num_kept), rl_settings(cfg, Precision(dev, torch.float32)),
+        parallelize(models.actor, models.actor.blocks, precision.fsdp_policy())
+        parallelize(models.reference, models.reference.blocks, precision.fsdp_policy())
+        parallelize(models.token_rm, models.token_rm.backbone.blocks, precision.fsdp_policy())
+    sums = rl_phase(models, _kept(num_kept), RLSettings.from_config(cfg, precision),
                     micro_batch_size=2, token_budget=budget, update_actor=True, dp=dp)
     trained = {"actor": models.actor, "rm": models.token_rm}
     out = {"sums": {k: float(v) for k, v in sums._asdict().items()}}
@@ -77,12 +81,13 @@ def _one_step(cfg_path: str, actor_dir: str, ref_dir: str, num_kept: int, budget
                     for n, p in model.named_parameters()}
     for m, model in trained.items():
         opt = torch.optim.AdamW(model.parameters(), lr=LR, eps=ADAM_EPS, weight_decay=0.1)
-        out[f"{m}_norm"] = float(clip_and_step(model, opt, 0.05))  # small enough that it clips
+        out[f"{m}_norm"] = float(clip_gradients(model, 0.05))  # small enough that it clips
+        opt.step()
     out["weights"] = {f"{m}.{n}": full_tensor(p.detach()).clone() for m, model in trained.items()
                       for n, p in model.named_parameters()}
     # the rollout's whole copy of the actor (plain sampler, paged engine) after the step
     copy = Decoder(models.actor.config, attn_backend="auto", device=dev, dtype=torch.float32)
-    copy_full_weights(copy, models.actor)
+    load_weights(copy, full_weights(models.actor))
     out["rollout_copy"] = {f"actor.{n}": t.clone() for n, t in copy.state_dict().items()}
     return out
 

@@ -10,8 +10,7 @@ from oreal_fast.config import ConfigError, load_config
 from oreal_fast.rollout import PagedEngine, PlainSampler
 from oreal_fast.trainer import Trainer
 
-from conftest import ScriptedRouter
-from test_step import K, REWARDS, write_config
+from trainer_helpers import K, REWARDS, ScriptedRouter, write_config
 
 
 def test_paged_engine_generates_a_step_and_follows_the_actor(tmp_path, tiny_model_dir, perturbed_actor_dir,

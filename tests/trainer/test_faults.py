@@ -27,7 +27,7 @@ from oreal_fast.run_dir import RunFolder
 from oreal_fast.train import main
 
 from cli_driver import EvenLengthRouter
-from test_step import write_config
+from trainer_helpers import write_config
 
 SMALL = dict(total_steps=2, checkpoint_interval=1, actor_freeze_steps=1, gen_max_new=6, gen_max_length=80,
              debug=False)
@@ -155,7 +155,7 @@ def test_resuming_a_folder_a_live_run_holds_exits_2_naming_its_pid(tmp_path, tin
     main([cfg])
     capsys.readouterr()
     run = only_run(tmp_path / "work")
-    holder = RunFolder.reopen(run, load_config(cfg))  # this process now plays the live run
+    holder = RunFolder.reopen(run)  # this process now plays the live run
     try:
         code, last = cli(capsys, cfg, "--resume", "auto", "--total_steps", "3")
     finally:
@@ -168,7 +168,7 @@ def test_resuming_a_folder_a_live_run_holds_exits_2_naming_its_pid(tmp_path, tin
 def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path, tiny_model_dir, prompt_file):
     cfg = load_config(write_config(tmp_path, tiny_model_dir, tiny_model_dir, prompt_file))
     now = datetime(2026, 12, 3, 14, 0, 0)
-    first, second = RunFolder.create(cfg, now), RunFolder.create(cfg, now)
+    first, second = RunFolder.create(cfg.work_dir, now), RunFolder.create(cfg.work_dir, now)
     assert [os.path.basename(f.path) for f in (first, second)] == ["20261203140000", "20261203140000-2"]
     with open(os.path.join(second.path, "run.lock")) as f:
         assert f.read() == f"{os.getpid()}\n"
@@ -176,4 +176,4 @@ def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path, tiny_mo
     second.close()
     with pytest.raises(ConfigError, match="cannot create a run folder"):
         RunFolder.create(load_config(write_config(tmp_path, tiny_model_dir, tiny_model_dir, prompt_file,
-                                                  work_dir="/proc/no_run_here")))
+                                                  work_dir="/proc/no_run_here")).work_dir)

@@ -12,11 +12,11 @@ import torch
 from oreal_fast.algo import global_normalisers
 from oreal_fast.config import load_config
 from oreal_fast.model.hf_io import load_decoder, load_token_rm
-from oreal_fast.rl_step import Precision, RLModels, rl_micro_step
-from oreal_fast.trainer import rl_settings
+from oreal_fast.rl_step import RLSettings, rl_micro_step
+from oreal_fast.runtime import Precision, RLModels
 from oreal_fast.trajectories import Trajectory, make_micro_batch
 
-from test_step import write_config
+from trainer_helpers import write_config
 
 INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
 CASES = [
@@ -45,7 +45,7 @@ def micro_step(cfg, actor_dir, ref_dir, device, dtype, impl, loss_kernel="linear
     batch = make_micro_batch(trajs)
     norm = global_normalisers(torch.tensor([41, 67], device=dev), torch.tensor([1.0, -1.0], device=dev))
     cfg.loss_impl, cfg.loss_kernel = impl, loss_kernel
-    settings = rl_settings(cfg, Precision(dev, dtype))
+    settings = RLSettings.from_config(cfg, Precision(dev, dtype))
     sums = rl_micro_step(models, batch.to(dev), norm, settings, update_actor=True)
     grads = {f"actor.{n}": p.grad.float().cpu() for n, p in models.actor.named_parameters()}
     grads.update({f"rm.{n}": p.grad.float().cpu() for n, p in models.token_rm.named_parameters()})

@@ -8,12 +8,12 @@ import torch
 
 from oreal_fast.config import load_config
 from oreal_fast.model.hf_io import load_decoder, load_token_rm
-from oreal_fast.rl_step import Precision, RLModels, rl_phase
-from oreal_fast.trainer import rl_settings
+from oreal_fast.rl_step import RLSettings, rl_phase
+from oreal_fast.runtime import Precision, RLModels
 from oreal_fast.trajectories import (Trajectory, iter_micro_batches, make_micro_batch, make_micro_batches,
                                      plan_micro_batches)
 
-from test_step import write_config
+from trainer_helpers import write_config
 
 
 @pytest.mark.parametrize("lengths, budget, expected", [
@@ -34,11 +34,12 @@ def test_zero_budget_is_the_official_split():
 def test_micro_batches_packed_on_demand_equal_the_packed_list(monkeypatch):
     """iter_micro_batches packs a micro-batch only when asked for it, and gives make_micro_batches' tensors."""
     kept = _kept(7)
-    eager = make_micro_batches(kept, 2, 40, torch.device("cpu"))
+    plan = plan_micro_batches([t.num_tokens for t in kept], 2, 40)
+    eager = make_micro_batches(kept, plan, torch.device("cpu"))
     packed = []
     monkeypatch.setattr("oreal_fast.trajectories.make_micro_batch",
                         lambda trajs, _make=make_micro_batch: packed.append(len(trajs)) or _make(trajs))
-    lazy = iter_micro_batches(kept, 2, 40, torch.device("cpu"))
+    lazy = iter_micro_batches(kept, plan, torch.device("cpu"))
     assert packed == []
     first = next(lazy)
     assert len(packed) == 1
@@ -67,7 +68,7 @@ def _phase(cfg, actor_dir, ref_dir, kept, micro_batch_size, budget):
                       load_token_rm(ref_dir, dtype=torch.float64, device=dev))
     with torch.no_grad():  # a non-zero RM head, so the token weights are not all equal
         models.token_rm.score_head.weight.copy_(torch.randn(1, 32, generator=torch.Generator().manual_seed(0)))
-    sums = rl_phase(models, kept, rl_settings(cfg, Precision(dev, torch.float64)),
+    sums = rl_phase(models, kept, RLSettings.from_config(cfg, Precision(dev, torch.float64)),
                     micro_batch_size=micro_batch_size, token_budget=budget, update_actor=True)
     grads = {f"actor.{n}": p.grad.clone() for n, p in models.actor.named_parameters()}
     grads.update({f"rm.{n}": p.grad.clone() for n, p in models.token_rm.named_parameters()})

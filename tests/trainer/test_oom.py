@@ -16,7 +16,7 @@ from oreal_fast import trainer
 from oreal_fast.train import OUT_OF_MEMORY_EXIT, main
 
 from cli_driver import EvenLengthRouter
-from test_step import write_config
+from trainer_helpers import write_config
 
 
 @pytest.fixture(autouse=True)

@@ -14,8 +14,7 @@ from oreal_fast.config import ConfigError, load_config
 from oreal_fast.metrics import reproducible_metrics
 from oreal_fast.trainer import Trainer
 
-from conftest import KeywordRouter, ScriptedRollout, make_tokenizer
-from test_step import write_config
+from trainer_helpers import KeywordRouter, ScriptedRollout, make_tokenizer, write_config
 
 TEXTS = ["yes, 2", "no", "yes it is 4", "not sure", "the answer is no", "yes!"]
 def run(cfg, fail_at_call=None) -> str:

@@ -19,8 +19,8 @@ from oreal_fast.config import TrainConfig
 from oreal_fast.kernels.trunk_train import TRAIN_OPS
 from oreal_fast.model.decoder import EAGER_OPS, Decoder, DecoderConfig, TokenRewardModel
 from oreal_fast.recompute import apply_recompute
-from oreal_fast.rl_step import Precision, RLModels, rl_phase
-from oreal_fast.trainer import rl_settings
+from oreal_fast.rl_step import RLSettings, rl_phase
+from oreal_fast.runtime import Precision, RLModels
 from oreal_fast.trajectories import Trajectory
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="the RL phase on a GPU needs CUDA")
@@ -56,8 +56,8 @@ def _kept() -> list[Trajectory]:
 
 
 def _phase(models: RLModels):
-    settings = rl_settings(TrainConfig(actor="x", datasets="none", threshold_rescale=True),
-                           Precision(torch.device("cuda"), torch.bfloat16))
+    settings = RLSettings.from_config(TrainConfig(actor="x", datasets="none", threshold_rescale=True),
+                                      Precision(torch.device("cuda"), torch.bfloat16))
     return rl_phase(models, _kept(), settings, micro_batch_size=2, token_budget=1024, update_actor=True)
 
 

@@ -23,7 +23,7 @@ from oreal_fast.metrics import reproducible_metrics
 from oreal_fast.train import main
 
 from cli_driver import EvenLengthRouter
-from test_step import write_config
+from trainer_helpers import write_config
 
 DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cli_driver.py")
 STEPS = 3

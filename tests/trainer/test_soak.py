@@ -18,8 +18,7 @@ from oreal_fast.config import load_config
 from oreal_fast.judge import Router
 from oreal_fast.trainer import Trainer
 
-from conftest import ScriptedRollout, make_tokenizer
-from test_step import K, write_config
+from trainer_helpers import K, ScriptedRollout, make_tokenizer, write_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 50

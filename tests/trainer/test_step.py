@@ -13,33 +13,8 @@ import torch
 from oreal_fast.config import load_config
 from oreal_fast.trainer import Trainer
 
-from conftest import ScriptedRollout, ScriptedRouter, make_tokenizer
-
-K = 4
-REWARDS = [1.0, -1.0, -1.0, 1.0, -1.0, -1.0, -1.0, -1.0]  # group 0 mixed (c = 2), group 1 all wrong
-TEXTS = ["1 + 1 = 2, so \\boxed{2}", "It is 3.", "maybe 7", "The answer is 2",
-         "No idea", "4?", "five", "\\boxed{9}"]
-KL_COEF, ALPHA, BETA = 0.05, 1.0, 0.5
-
-
-def write_config(tmp_path, actor: str, reference: str, prompt_file: str, **extra) -> str:
-    fields = dict(
-        actor=actor, reference=reference, token_level_rm=reference, datasets=prompt_file,
-        stop_word="<|im_end|>", dtype="fp32", device="cpu", loss_impl="eager",
-        data_difficulty_balance_cfg=None, gen_global_batch=2 * K, prompt_repeat_k=K,
-        gen_max_new=40, gen_max_length=160, rl_mirco_batch=2, filter_trajectory=True,
-        warmup_steps=1, total_steps=4, actor_freeze_steps=0, actor_lr=1e-3, actor_min_lr=1e-4,
-        token_level_rm_lr=1e-3, token_level_rm_lr_min=1e-4, threshold_rescale=True,
-        correct_threshold=0.5, incorrect_threshold=0.5, reward_shaping_type="rloo",
-        positive_loss_factor=ALPHA, negative_loss_factor=BETA, pos_mult_adv=True, kl_coef=KL_COEF,
-        kl_type="unbias", work_dir=str(tmp_path / "work"), checkpoint_interval=2, seed=0, debug=True,
-        judgers_config={"math_judger": {"hosts": [], "stop_word": "<|im_end|>", "rule_only": True}},
-        data_judger_mapping={"math": ["math_judger"]},
-    )
-    fields.update(extra)
-    path = tmp_path / "cfg.py"
-    path.write_text("".join(f"{k} = {v!r}\n" for k, v in fields.items()))
-    return str(path)
+from trainer_helpers import (ALPHA, BETA, K, KL_COEF, REWARDS, TEXTS, ScriptedRollout, ScriptedRouter, make_tokenizer,
+                             write_config)
 
 
 def make_trainer(cfg, rewards=REWARDS) -> Trainer:

@@ -21,8 +21,7 @@ from oreal_fast.config import load_config
 from oreal_fast.metrics import reproducible_metrics
 from oreal_fast.trainer import Trainer
 
-from conftest import save_random_qwen2
-from test_step import write_config
+from trainer_helpers import save_random_qwen2, write_config
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="the trainer loop on a GPU needs CUDA")
 
@@ -75,7 +74,7 @@ def test_trainer_loop_runs_checkpoints_and_resumes_on_gpu(tmp_path, gpu_model_di
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     straight = Trainer(load_config(_config(tmp_path / "a", gpu_model_dir, prompt_file)))
-    assert straight.precision.compute_dtype == torch.bfloat16
+    assert straight.runtime.compute_dtype == torch.bfloat16
     assert straight.models.actor.attn_backend == "varlen"  # chosen for bf16 compute, not the fp32 masters
     expected = _rows(straight.fit())
     assert [r["step"] for r in expected] == [1, 2, 3]

@@ -18,8 +18,7 @@ from oreal_fast.eval import main as eval_main
 from oreal_fast.metrics import reproducible_metrics
 from oreal_fast.trainer import Trainer
 
-from conftest import KeywordRouter, ScriptedRollout, make_tokenizer
-from test_step import write_config
+from trainer_helpers import KeywordRouter, ScriptedRollout, make_tokenizer, write_config
 
 TEXTS = ["yes, 2", "no idea", "yes!", "maybe 7"]
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from oreal_fast.data.chat import render_prompt_ids
+from oreal_fast.data.chat import encode_prompt
 from oreal_fast.config import TrainConfig
 from oreal_fast.data.prompts import DataError, PromptRecord, load_prompt_records
 from oreal_fast.data.sampler import repeat_k
@@ -59,14 +59,7 @@ def encode_prompts(tokenizer: Any, chat_template: str | None, records: Sequence[
     Raises:
         DataError: a prompt with no room for a response under ``max_length``.
     """
-    out = []
-    for record in records:
-        ids = render_prompt_ids(tokenizer, chat_template, record.message_data)
-        if len(ids) >= max_length:
-            raise DataError(f"a held-out prompt has {len(ids)} tokens, not less than gen_max_length={max_length}; "
-                            f"raise gen_max_length or drop the prompt: {record.question[:80]!r}")
-        out.append(ids)
-    return out
+    return [encode_prompt(tokenizer, chat_template, r, max_length, what="a held-out prompt") for r in records]
 
 
 @dataclass(frozen=True)

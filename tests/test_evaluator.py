@@ -14,12 +14,12 @@ import torch
 from oreal_fast.config import ConfigError, load_config
 from oreal_fast.data.make_demo_problems import make_val_problems
 from oreal_fast.data.prompts import PromptRecord, load_prompt_records, resolve_path
-from oreal_fast.evaluate import Evaluator, pass_at_k, validation_due
+from oreal_fast.evaluator import Evaluator, pass_at_k, validation_due
 from oreal_fast.judge import JudgeOutcome
 from oreal_fast.metrics import MetricsWriter
 from oreal_fast.rollout import SamplingParams
 
-from test_config import BASE, ROOT
+from base_config import BASE, ROOT
 
 
 @pytest.mark.parametrize("n,c,k", [(1, 0, 1), (1, 1, 1), (4, 1, 1), (4, 1, 2), (4, 2, 3), (5, 0, 5),
