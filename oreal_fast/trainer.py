@@ -3,7 +3,7 @@
 
 ``Trainer`` assembles finished parts and calls them: the runtime (device, data-parallel world,
 compute dtype, the models held that way: ``runtime``), run state on disk (``checkpoint_manager``),
-the prompts (``data.source``), the optimisers (``optimizers``), the rollout engine
+the prompts (``data.step_prompts``), the optimisers (``optimizers``), the rollout engine
 (``rollout.build_rollout``), the judger (``judge``) and the held-out evaluator (``evaluator``).
 ``Trainer.step`` reads like the reference's step list, one call per numbered part; the math lives
 in ``oreal_fast.algo``, the micro-batch work in ``rl_step``, the step's record, clock and metrics in
@@ -46,7 +46,7 @@ from oreal_fast import oom
 from oreal_fast.algo import compute_advantages, select_trajectories
 from oreal_fast.checkpoint_manager import CheckpointManager, TrainState
 from oreal_fast.config import TrainConfig, compatibility_notes
-from oreal_fast.data.source import PromptSource
+from oreal_fast.data.step_prompts import PromptSource
 from oreal_fast.evaluator import Evaluator, validation_due
 from oreal_fast.health import health_counters
 from oreal_fast.interrupt import StopRun, StopSignals
