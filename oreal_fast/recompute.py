@@ -124,11 +124,6 @@ def apply_recompute(model: Decoder, num_blocks: int) -> int:
     return num_blocks
 
 
-def apply_selective_recompute(model: Decoder, ratio: float) -> int:
-    """Wraps the first ``round(ratio * num_layers)`` blocks of ``model`` in place; -> blocks wrapped."""
-    return apply_recompute(model, recompute_count(len(model.blocks), ratio, 0))
-
-
 def committed_bytes(cfg: TrainConfig, trained: list[Decoder], *, compute_dtype: torch.dtype, tokens: int) -> int:
     """What a run holds during a trained model's backward besides the trunk's activations, estimated
     once the three models are loaded (before the optimisers' states and the rollout engine exist).

@@ -15,7 +15,7 @@ from oreal_fast.data.packing import pack_sequences
 from oreal_fast.kernels.trunk_train import TRAIN_OPS
 from oreal_fast.model.attention import sdpa_attention
 from oreal_fast.model.decoder import EAGER_OPS, Decoder, DecoderConfig
-from oreal_fast.recompute import (PLAN_MARGIN, activation_budget, apply_recompute_plan, apply_selective_recompute,
+from oreal_fast.recompute import (PLAN_MARGIN, activation_budget, apply_recompute_plan, apply_recompute,
                                   block_activation_bytes, blocks_to_recompute, micro_batch_tokens, recompute_count)
 
 
@@ -44,7 +44,7 @@ def test_recompute_keeps_loss_gradients_and_names(ratio, wrapped):
     keys = list(plain.state_dict())
     loss0, grads0 = loss_and_grads(plain)
     model = tiny_decoder()
-    assert apply_selective_recompute(model, ratio) == wrapped
+    assert apply_recompute(model, recompute_count(len(model.blocks), ratio, planned=0)) == wrapped
     assert list(model.state_dict()) == keys
     loss1, grads1 = loss_and_grads(model)
     assert torch.equal(loss0, loss1)
@@ -55,7 +55,7 @@ def test_recompute_keeps_loss_gradients_and_names(ratio, wrapped):
 
 def test_ratio_outside_unit_interval_is_refused():
     with pytest.raises(ValueError, match="selective_recompute"):
-        apply_selective_recompute(tiny_decoder(), 1.5)
+        recompute_count(4, 1.5, planned=0)
 
 
 # ---------------------------------------------------------------------------------- the plan

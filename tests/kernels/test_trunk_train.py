@@ -24,7 +24,7 @@ from oreal_fast.kernels.trunk_train import (TRAIN_OPS, add_rms_norm, add_rms_nor
                                             apply_rope_eager, rms_norm, rms_norm_eager, silu_mul, silu_mul_eager,
                                             trunk_ops_for)
 from oreal_fast.model.decoder import EAGER_OPS, Decoder, DecoderConfig, rope_table
-from oreal_fast.recompute import apply_selective_recompute
+from oreal_fast.recompute import apply_recompute, recompute_count
 
 
 def _ulps(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -256,7 +256,7 @@ def test_decoder_trained_through_train_ops_matches_eager(device, recompute):
     fused = Decoder(cfg, device=device, attn_backend="sdpa", trunk_ops=TRAIN_OPS)
     fused.load_state_dict(eager.state_dict())
     for m in (eager, fused):
-        apply_selective_recompute(m, recompute)
+        apply_recompute(m, recompute_count(len(m.blocks), recompute, planned=0))
     lens = [5, 11, 1]
     ids = torch.randint(0, cfg.vocab_size, (sum(lens),), device=device)
     pos = torch.cat([torch.arange(n) for n in lens]).to(device)
