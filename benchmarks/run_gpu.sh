@@ -5,7 +5,8 @@
 #   tests      the GPU test set (model, kernels, trainer loop, rollout) -> gpu_tests.log
 #   bench      the benchmark suite as JSON -> bench.json, bench.log (BENCH="files" picks suites,
 #              BENCH_K a -k expression, BENCH_NAME the output name); bench2, bench3 more suites
-#              (BENCH2, BENCH2_K, BENCH2_TIMEOUT, ...) -> bench2.json, bench3.json
+#              (BENCH2, BENCH2_K, BENCH2_TIMEOUT, ...) -> bench2.json, bench3.json; with BASELINE_ROOT set,
+#              the kernel suites' `baseline` provider runs that version's kernel files (benchmarks/baseline.py)
 #   profile    where one RL phase's time goes -> rl_loop_profile.json
 #   decode_profile  kernels per decode step and per layer, GPU and graph wall time per step, at batch
 #              DECODE_BATCHES (default 1 16 64 256) and context 128 -> decode_profile.json, decode_profile.log;

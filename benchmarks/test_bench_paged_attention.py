@@ -1,5 +1,5 @@
-"""Decode attention benchmarks: oreal_fast.kernels.paged_decode_attention beside its start version
-and a dense peer.
+"""Decode attention benchmarks: oreal_fast.kernels.paged_decode_attention beside another commit's
+version and a dense peer.
 
 Run: `pytest benchmarks/test_bench_paged_attention.py --benchmark-only` (CUDA only).
 Qwen2.5-0.5B attention shapes (Hq 14, Hkv 2, D 64, bf16), one query token per sequence, every
@@ -10,7 +10,8 @@ context) or `wide` (16384 tokens, the official max length: the engine's tables s
 model length, and the split count follows the span).
 Providers:
   oreal_fast  paged_decode_attention (the Triton kernels)
-  start       the same kernels as at commit 22e84bc (benchmarks/start_kernels.py)
+  baseline    the same file of the oreal_fast under $BASELINE_ROOT (benchmarks/baseline.py; skipped
+              without it)
   sdpa_dense  torch SDPA over a contiguous [B, L, Hkv, D] cache exactly L long (no paging, no
               mask: the peer's best case)
 Every call is timed inside a CUDA graph of `CALLS` calls, so the small cases measure the GPU, not
@@ -26,7 +27,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from start_kernels import start_paged_decode_attention
+from baseline import baseline_module
 from oreal_fast.kernels import paged_decode_attention
 
 pa = importlib.import_module("oreal_fast.kernels.paged_attention")
@@ -35,7 +36,7 @@ HQ, HKV, D, BLOCK = 14, 2, 64, 16
 WIDE_TABLE = 16384
 CASES = [(1, 128, "tight"), (16, 128, "tight"), (64, 128, "tight"), (256, 128, "tight"),
          (256, 2048, "tight"), (64, 8192, "tight"), (1, 128, "wide"), (256, 128, "wide")]
-PROVIDERS = ("oreal_fast", "start", "sdpa_dense")
+PROVIDERS = ("oreal_fast", "baseline", "sdpa_dense")
 CALLS = 20
 
 
@@ -88,7 +89,10 @@ def _call(provider: str, B: int, L: int, table_tokens: int):
         return lambda: F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2),
                                                       enable_gqa=True)
     args = _paged(B, L, table_tokens, g)
-    fn = paged_decode_attention if provider == "oreal_fast" else start_paged_decode_attention
+    if provider == "oreal_fast":
+        fn = paged_decode_attention
+    else:
+        fn = baseline_module("kernels/paged_attention.py").paged_decode_attention
     return lambda: fn(*args)
 
 

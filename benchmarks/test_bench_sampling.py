@@ -1,5 +1,5 @@
-"""Next-token sampling benchmarks: oreal_fast.kernels.sample_from_logits beside its start version,
-torch.sort and FlashInfer.
+"""Next-token sampling benchmarks: oreal_fast.kernels.sample_from_logits beside another commit's
+version, torch.sort and FlashInfer.
 
 Run: `pytest benchmarks/test_bench_sampling.py --benchmark-only` (CUDA only; flashinfer skips
 unless it imports). Inputs: bf16 logits [B, V = 151936], N(0, spread^2) per entry: spread 0.6 is
@@ -8,9 +8,10 @@ about what a random-init 0.5B model gives (the engine benchmarks' rows), spread 
 at top-p 0.9).
 Modes: `top_p` (0.9 alone, the official setting), `top_k_top_p` (top-k 20, then top-p 0.9),
 `plain` (temperature only).
-Providers: `oreal_fast` (the Triton kernels), `start` (the kernel as at commit 22e84bc,
-benchmarks/start_kernels.py), `torch_sort` (the official rule: `sample_next_token`, filter_logits
-+ softmax + multinomial), `flashinfer`. oreal_fast and start are timed as a CUDA graph of one call
+Providers: `oreal_fast` (the Triton kernels), `baseline` (the same file of the oreal_fast under
+$BASELINE_ROOT, see benchmarks/baseline.py; skipped without it), `torch_sort` (the official rule:
+`sample_next_token`, filter_logits + softmax + multinomial), `flashinfer`. oreal_fast and baseline
+are timed as a CUDA graph of one call
 (their uniforms drawn once, outside), the others eagerly.
 Each case records extra_info: `ms` (median), `gb_per_s` (the logits' bytes, read once, over the
 median time), and for oreal_fast `resolved` (the fraction of rows that took the two sweeps; the
@@ -22,7 +23,7 @@ import importlib
 import pytest
 import torch
 
-from start_kernels import start_sample_from_logits
+from baseline import baseline_module
 from oreal_fast.kernels import sample_from_logits
 from oreal_fast.rollout.base import SamplingParams
 from oreal_fast.rollout.sampling import sample_next_token
@@ -33,7 +34,7 @@ V = 151936  # Qwen2.5 vocabulary (LM-head rows)
 MODES = {"top_p": (0, 0.9), "top_k_top_p": (20, 0.9), "plain": (0, 1.0)}  # (top_k, top_p)
 CASES = ([("top_p", b, s) for b in (1, 64, 256, 1024) for s in (1.0, 3.0)]
          + [("top_p", 256, 0.6), ("top_k_top_p", 256, 1.0), ("top_k_top_p", 256, 3.0), ("plain", 256, 3.0)])
-PROVIDERS = ("oreal_fast", "start", "torch_sort", "flashinfer")
+PROVIDERS = ("oreal_fast", "baseline", "torch_sort", "flashinfer")
 
 
 def _sample_fn(provider: str, logits: torch.Tensor, top_k: int, top_p: float, g: torch.Generator):
@@ -41,8 +42,9 @@ def _sample_fn(provider: str, logits: torch.Tensor, top_k: int, top_p: float, g:
     uniform = torch.rand(logits.shape[0], generator=g, device=logits.device)
     if provider == "oreal_fast":
         return lambda: sample_from_logits(logits, uniform, top_k=top_k, top_p=top_p)
-    if provider == "start":
-        return lambda: start_sample_from_logits(logits, uniform, top_k=top_k, top_p=top_p)
+    if provider == "baseline":
+        base = baseline_module("kernels/sampling.py")
+        return lambda: base.sample_from_logits(logits, uniform, top_k=top_k, top_p=top_p)
     if provider == "torch_sort":
         params = SamplingParams(max_new_tokens=1, max_length=2, top_k=top_k, top_p=top_p)
         return lambda: sample_next_token(logits, params, g)
@@ -61,7 +63,7 @@ def test_sampling(benchmark, mode, B, spread, provider):
     g = torch.Generator(device="cuda").manual_seed(0)
     logits = (torch.randn(B, V, device="cuda", generator=g) * spread).bfloat16()
     fn = _sample_fn(provider, logits, top_k, top_p, g)
-    if provider in ("oreal_fast", "start"):
+    if provider in ("oreal_fast", "baseline"):
         fn()  # compile outside the capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
