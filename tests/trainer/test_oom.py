@@ -2,7 +2,8 @@
 keys that would fit it, with the last verified resume state intact and the command that continues.
 
 The error is injected where the RL phase allocates (``trainer.rl_phase``), as the CUDA allocator
-raises it; the GPU version (a cap too small for a real step) runs in test_trainer_gpu.py."""
+raises it; the GPU version (a real allocation past a real `gpu_memory_limit_gib`, with a KV pool
+small enough to make the engine preempt) runs in test_trainer_gpu.py."""
 
 from __future__ import annotations
 

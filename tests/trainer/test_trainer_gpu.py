@@ -89,3 +89,49 @@ def test_trainer_loop_runs_checkpoints_and_resumes_on_gpu(tmp_path, gpu_model_di
     resumed = Trainer(load_config(cfg_path, {"resume": "auto"}))
     assert resumed.start_step == 2
     _assert_rows_match(_rows(resumed.fit()), expected)
+
+
+def test_a_step_past_the_memory_cap_ends_in_one_line_and_a_full_pool_preempts(tmp_path, gpu_model_dir, prompt_file,
+                                                                               monkeypatch, capsys):
+    """Under a real per-process cap (gpu_memory_limit_gib 2) and a KV pool of about three sequences:
+    step 1 generates 16 samples through preemption (the engine's own recovery: its pool never
+    grows) and finishes; in step 2 the RL phase asks the CUDA allocator for more than the cap leaves
+    and the run ends with exit 3 and one line naming the step, the phase, the measured peak and the
+    cap, with state-1 verified on disk."""
+    from oreal_fast import checkpoint as ckpt
+    from oreal_fast import trainer as trainer_module
+    from oreal_fast.train import OUT_OF_MEMORY_EXIT, main
+
+    with open(os.path.join(gpu_model_dir, "config.json")) as f:
+        hf = json.load(f)
+    head_dim = hf["hidden_size"] // hf["num_attention_heads"]
+    kv_bytes_per_token = hf["num_hidden_layers"] * 2 * hf["num_key_value_heads"] * head_dim * 2  # bf16 K and V
+    max_length = 160
+    pool_gib = 3 * max_length * kv_bytes_per_token / 2**30
+    cfg = write_config(tmp_path, gpu_model_dir, gpu_model_dir, prompt_file, dtype="auto", device="cuda",
+                       loss_impl="auto", total_steps=3, checkpoint_interval=1, keep_resume_states=1,
+                       filter_trajectory=False, gen_max_new=120, gen_max_length=max_length, actor_freeze_steps=0,
+                       debug=False, temperature=1.0, gpu_memory_limit_gib=2.0, kv_cache_gib=pool_gib,
+                       val_before_train=False)
+    real_rl_phase, calls = trainer_module.rl_phase, []
+
+    def rl_phase_past_the_cap(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # 64 MiB more than the cap leaves, even with every cached block released
+            torch.empty(2 * 2**30 - torch.cuda.memory_allocated() + 2**26, dtype=torch.uint8, device="cuda")
+        return real_rl_phase(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "rl_phase", rl_phase_past_the_cap)
+    with pytest.raises(SystemExit) as e:
+        main([cfg])
+    err = capsys.readouterr().err
+    assert e.value.code == OUT_OF_MEMORY_EXIT and "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("out of GPU memory in step 2, phase rl: peak ") and "cap 2 GiB (gpu_memory_limit_gib)" in line
+    assert "resume state state-1.pt (1 step(s) done) is on disk" in line
+    (run_name,) = os.listdir(tmp_path / "work")
+    run = os.path.join(tmp_path / "work", run_name)
+    assert ckpt.verify_state(ckpt.state_path(run, 1)) is None
+    assert not [n for n in os.listdir(os.path.join(run, "resume")) if "state-2" in n]
+    (step1,) = [json.loads(line) for line in open(os.path.join(run, "rank0.log.jsonl"))]
+    assert step1["rollout_preemptions"] > 0 and step1["num_rl_tokens"] > 0
