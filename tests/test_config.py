@@ -22,7 +22,7 @@ def _write(tmp_path, extra="", name="cfg.py", base=BASE):
     return str(path)
 
 
-@pytest.mark.parametrize("name", ["a100_40g.py", "oreal_7b.py", "demo.py"])
+@pytest.mark.parametrize("name", ["a100_40g.py", "oreal_7b.py", "demo.py", "evidence_gpu.py"])
 def test_shipped_configs_load(name):
     cfg = load_config(os.path.join(CONFIGS, name))
     assert isinstance(cfg, TrainConfig)
