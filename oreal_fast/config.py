@@ -206,6 +206,9 @@ class TrainConfig:
     """KL-penalty coefficient, >= 0."""
     kl_type: str = "unbias"
     """KL estimator: kl | unbias (k3) | mse."""
+    shuffle_rewards: bool = False
+    """A control run, not the algorithm: permute each step's rewards across its samples (seeded by seed
+    and step) before the advantages, so the updates carry no signal (docs/evidence.md)."""
 
     # --- outputs (reference 5) ---
     work_dir: str = "work_dirs"

@@ -145,6 +145,9 @@ class Trainer:
         with clock.phase("judge"):
             samples = self.judge(samples)                                               # 4.3
         samples = samples.gathered(self.dp)                                             # 4.5: the global list
+        if cfg.shuffle_rewards:  # the no-signal control: every rank draws the same permutation
+            rewards = random.Random(cfg.seed * 1_000_003 + step).sample(samples.rewards, len(samples.rewards))
+            samples = samples.judged(rewards, samples.judge_counters)
         advantages = compute_advantages(torch.tensor(samples.rewards), cfg.prompt_repeat_k,
                                         cfg.reward_shaping_type)                        # 4.4
         with clock.phase("infer"):

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from oreal_fast.config import load_config
+from oreal_fast import trainer as trainer_module
 from oreal_fast.trainer import Trainer
 
 from trainer_helpers import (ALPHA, BETA, K, KL_COEF, REWARDS, TEXTS, ScriptedRollout, ScriptedRouter, make_tokenizer,
@@ -131,3 +132,25 @@ def test_without_token_rm_weights_are_one_and_rm_metrics_zero(tmp_path, tiny_mod
     # negative term -(beta / N_neg) * sum(A w-) = beta * 4/3 over the negative's tokens = 2/3
     assert metrics["positive_loss"] > 0
     assert metrics["negative_loss"] == pytest.approx(BETA * 4 / 3)
+
+
+def test_shuffle_rewards_permutes_each_steps_rewards_before_the_advantages(tmp_path, tiny_model_dir, prompt_file,
+                                                                           monkeypatch):
+    """The no-signal control: the trajectories carry a permutation of the judged rewards, the same
+    permutation for the same seed and step, and a different one at another step."""
+    cfg = load_config(write_config(tmp_path, tiny_model_dir, tiny_model_dir, prompt_file, filter_trajectory=False,
+                                   total_steps=2, shuffle_rewards=True))
+    trainer = make_trainer(cfg)
+    seen = []
+    real_select = trainer_module.select_trajectories
+
+    def record(rewards, *args, **kwargs):
+        seen.append(list(rewards))
+        return real_select(rewards, *args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "select_trajectories", record)
+    trainer.step(0)
+    trainer.step(1)
+    judged = REWARDS  # the scripted router's pattern, one per sample
+    assert [sorted(r) for r in seen] == [sorted(judged)] * 2
+    assert seen[0] != judged and seen[0] != seen[1]
