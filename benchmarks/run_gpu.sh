@@ -20,6 +20,10 @@
 #   soak       the trainer CLI on the random-init folder for SOAK_SECONDS (default 330) of steps of 2 x 16
 #              samples of up to SOAK_MAX_NEW (64) tokens, then benchmarks/soak_report.py -> soak.log,
 #              soak.jsonl, soak_table.md, soak.png, soak_summary.json (does any counter grow?)
+#   evidence   configs/evidence_gpu.py with EVIDENCE_ARGS (e.g. "--seed 2", "--actor_lr 0 --actor_min_lr 0",
+#              "--shuffle_rewards True") for at most EVIDENCE_SECONDS (default 540), resumed when
+#              /tmp/evidence_work holds a run of the same EVIDENCE_NAME (a machine kept warm between calls) ->
+#              evidence_NAME.jsonl, evidence_NAME_val.jsonl, evidence_NAME.log
 #   torchrun   the same trainer CLI under `torchrun --nproc_per_node 1`, 2 steps -> torchrun.log, torchrun.jsonl
 #   resume     the CLI at the official batch (64 prompts x 16, gen_max_new RESUME_CAP, default 1024), 3 steps
 #              with an hf-* folder each step: killed with SIGKILL in step 3, then `--resume auto`, then a
@@ -103,6 +107,15 @@ for part in "$@"; do
           ${TRAIN_ARGS:-}) 2>&1 | tail -c 3000 | tee "$OUT/train_$budget.log"
         cp /tmp/train_work/*/rank0.log.jsonl "$OUT/train_$budget.jsonl"
       done ;;
+    evidence)
+      name=${EVIDENCE_NAME:-seed1} work=/tmp/evidence_work/${EVIDENCE_NAME:-seed1}
+      resume=(); ls "$work"/*/resume/*.json >/dev/null 2>&1 && resume=(--resume auto)
+      # SIGTERM to the trainer alone: it stops at its next safe point and writes a resume state
+      (cd /tmp && timeout --foreground -k 60 "${EVIDENCE_SECONDS:-540}" $PY -m oreal_fast.train \
+        "$OLDPWD/configs/evidence_gpu.py" ${EVIDENCE_ARGS:-} --work_dir "$work" "${resume[@]}") 2>&1 \
+        | tail -c 4000 > "$OUT/evidence_$name.log"
+      cp "$work"/*/rank0.log.jsonl "$OUT/evidence_$name.jsonl"
+      cp "$work"/*/validation.jsonl "$OUT/evidence_${name}_val.jsonl" ;;
     torchrun)
       random_qwen
       rm -rf /tmp/torchrun_work
