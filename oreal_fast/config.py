@@ -222,6 +222,11 @@ class TrainConfig:
     """-1 = at the end only; in (0, 1) = that fraction of total_steps; >= 1 = every N steps."""
     log_interval: int = 1
     """Text-log interval, in steps."""
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
+    """Trackers that get the run name, this config and every step's and validation's metrics; a name or a
+    list of: tensorboard (tensorboard/ in the run folder) | wandb (pip install 'oreal-fast[wandb]'; its files
+    in wandb/ of the run folder, WANDB_MODE=offline for no network) | trackio ('oreal-fast[trackio]') | none.
+    Reference: docs/tracking.md."""
     seed: int = 0
     """Seed of Python random, numpy and torch; also fixes the prompt order."""
     debug: bool = False
@@ -430,6 +435,8 @@ def _check_type(c: _Checker, key: str, value: Any, hint: Any) -> Any:
         return None if value is None else _check_datasets(c, value, key)
     if key == "data_difficulty_balance_cfg":
         return _check_buckets(c, value)
+    if key == "report_to":
+        return _check_report_to(c, value)
     if key in ("judgers_config", "data_judger_mapping"):
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
             c.fail(key, f"must be a dict with str keys, got {type(value).__name__}")
@@ -458,6 +465,15 @@ def _check_datasets(c: _Checker, value: Any, key: str = "datasets") -> str | dic
     except ValueError as e:
         c.fail(key, str(e))
     return list(value) if isinstance(value, tuple) else value
+
+
+def _check_report_to(c: _Checker, value: Any) -> list[str]:
+    from oreal_fast.tracking import check_report_to
+
+    try:
+        return check_report_to(value)
+    except ValueError as e:
+        c.fail("report_to", str(e))
 
 
 def _check_buckets(c: _Checker, value: Any) -> list[tuple[tuple[float, float], int]] | None:

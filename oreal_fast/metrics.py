@@ -3,11 +3,12 @@
 Writes, under one run folder:
   ``rank0.log.jsonl``      one JSON object per step: the official keys of 5.1 in their order, then ours
   ``rank0.log``            a text line per ``log_interval`` steps
-  ``tensorboard/``         one scalar per numeric metric per step
   ``validation.jsonl``     one JSON object per held-out validation: ``step`` (steps trained before
                            it, 0 = the initial actor), then the ``val_*`` metrics (also in the text
-                           log and TensorBoard)
+                           log and the trackers)
   ``trajectories/step.{i}.jsonl`` and ``.log``  the kept trajectories of step i (5.2)
+and sends every numeric metric of each step and validation to the trackers ``report_to`` names
+(``tracking``: TensorBoard's ``tensorboard/`` by default, wandb, trackio).
 
 It does not compute metrics (``step_record.step_metrics`` does); it writes a finished dict.
 Invariant: the jsonl file only ever holds complete lines, and a resumed run first drops the lines
@@ -17,12 +18,15 @@ of steps it will redo.
 from __future__ import annotations
 
 import json
-import math
+import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from oreal_fast.health import HEALTH_KEYS
+from oreal_fast.tracking import Trackers
+
+log = logging.getLogger("oreal_fast")
 
 # The keys of the official rank0.log.jsonl, in order (reference 5.1).
 OFFICIAL_KEYS = (
@@ -64,19 +68,23 @@ def reproducible_metrics(row: dict[str, Any]) -> dict[str, Any]:
 
 
 class MetricsWriter:
-    """Appends one step's metrics to the jsonl, the text log and TensorBoard."""
+    """Appends one step's metrics to the jsonl and the text log, then sends them to the trackers.
 
-    def __init__(self, run_dir: str, *, log_interval: int = 1, tensorboard: bool = True) -> None:
+    Args:
+        run_dir: the run folder.
+        log_interval: a text-log line every this many steps.
+        report_to: the trackers (``config.report_to``, checked by ``tracking.check_report_to``).
+        config: the resolved config, every key, for the trackers; None = an empty one.
+    """
+
+    def __init__(self, run_dir: str, *, log_interval: int = 1, report_to: Sequence[str] = ("tensorboard",),
+                 config: dict[str, Any] | None = None) -> None:
         self.run_dir = run_dir
         self.log_interval = log_interval
         self.jsonl_path = os.path.join(run_dir, "rank0.log.jsonl")
         self.text_path = os.path.join(run_dir, "rank0.log")
         self.validation_path = os.path.join(run_dir, "validation.jsonl")
-        self._tb = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(os.path.join(run_dir, "tensorboard"))
+        self._trackers = Trackers(list(report_to), run_dir, config or {}, warn=self._warn)
 
     def truncate_after(self, last_step: int) -> None:
         """Drops jsonl lines of steps > ``last_step`` (1-based), so a resumed run does not log twice;
@@ -95,11 +103,7 @@ class MetricsWriter:
             f.write(json.dumps(ordered) + "\n")
             f.flush()
         step = ordered["step"]
-        if self._tb is not None:
-            for key, value in ordered.items():
-                if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
-                    self._tb.add_scalar(key, value, step)
-            self._tb.flush()
+        self._trackers.log(ordered, step)
         if step % self.log_interval == 0:
             # The official text line shows the scheduler LR even while the actor is frozen (5.1); we
             # show it too, and say that it was not applied (the jsonl has the applied 0).
@@ -112,15 +116,12 @@ class MetricsWriter:
 
     def write_validation(self, step: int, metrics: dict[str, float | int]) -> None:
         """Writes one held-out validation after ``step`` steps (0 = before the first) to
-        ``validation.jsonl``, the text log and TensorBoard. These rows are not steps, so they never
+        ``validation.jsonl``, the text log and the trackers. These rows are not steps, so they never
         enter ``rank0.log.jsonl``, which keeps the official format."""
         row = {"step": step, **metrics}
         with open(self.validation_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
-        if self._tb is not None:
-            for key, value in metrics.items():
-                self._tb.add_scalar(key, value, step)
-            self._tb.flush()
+        self._trackers.log(metrics, step)
         self.log_text(f"[Validation after step {step}] " + " ".join(f"{k}: {_fmt(v)}" for k, v in metrics.items()))
 
     def log_text(self, message: str) -> None:
@@ -129,8 +130,11 @@ class MetricsWriter:
             f.write(message.rstrip("\n") + "\n")
 
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
+        self._trackers.close()
+
+    def _warn(self, message: str) -> None:
+        log.warning(message)
+        self.log_text(f"warning: {message}")
 
 
 def _truncate_jsonl(path: str, last_step: int) -> None:

@@ -123,8 +123,9 @@ class Trainer:
         the start-up notes (``notes``, the config's and the checkpoints') in its text log."""
         self.run_dir = self.checkpoints.open_run_folder()
         with self.checkpoints.first_writes():
-            self.metrics = (MetricsWriter(self.run_dir, log_interval=self.cfg.log_interval) if self.dp.is_main
-                            else SilentMetrics())
+            self.metrics = (MetricsWriter(self.run_dir, log_interval=self.cfg.log_interval,
+                                          report_to=self.cfg.report_to, config=self.cfg.to_dict())
+                            if self.dp.is_main else SilentMetrics())
         if self.checkpoints.resumed:
             self.metrics.truncate_after(self.start_step)
         for note in compatibility_notes(self.cfg) + notes + self.checkpoints.notes:

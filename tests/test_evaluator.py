@@ -166,7 +166,7 @@ def test_validation_settings_load_with_their_types(tmp_path):
 
 
 def test_validation_rows_go_to_their_own_file_text_log_and_survive_a_resume(tmp_path):
-    writer = MetricsWriter(str(tmp_path), tensorboard=False)
+    writer = MetricsWriter(str(tmp_path), report_to=["none"])
     for step, value in ((0, 0.25), (2, 0.5), (4, 0.75)):
         writer.write_validation(step, {"val_num_problems": 4, "val_greedy_pass1": value})
     writer.truncate_after(2)  # a resume from step 2 redoes steps 3 and 4
