@@ -1,4 +1,4 @@
-"""Command line: ``python -m oreal_fast.eval MODEL [--preset NAME | --datasets D] [--config CONFIG] [--k N] [--out FILE]``.
+"""Command line: ``python -m oreal_fast.eval MODEL [--preset NAME | --datasets D] [--config C] [--k N] [--out FILE]``.
 
 Evaluates one policy on held-out problems exactly as the trainer's validation does
 (``oreal_fast.evaluator``, generating through ``build_rollout``'s engine): greedy pass@1 and, with N
@@ -142,8 +142,10 @@ def default_out_path(model: str, label: str) -> str:
         name = os.path.splitext(os.path.basename(path))[0]
     elif os.path.isdir(path):
         name = os.path.basename(path)
-    else:  # a hub id ("Qwen/Qwen2.5-0.5B" -> "Qwen--Qwen2.5-0.5B") or a package:// reference
-        name = model.removeprefix("package://").replace("/", "--")
+    elif model.startswith("package://"):  # a file inside a package: its path, less the suffix
+        name = os.path.splitext(model.removeprefix("package://"))[0].replace("/", "--")
+    else:  # a hub id: "Qwen/Qwen2.5-0.5B" -> "Qwen--Qwen2.5-0.5B"
+        name = model.replace("/", "--")
     return f"eval_{_slug(name)}_{label}.json"
 
 

