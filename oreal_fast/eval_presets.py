@@ -16,9 +16,10 @@ temperature of 0.6, a top-p value of 0.95"); greedy pass@1 uses neither. Samples
 the set shrinks: the variance of mean@k over N problems is (spread between problems + sampling
 variance within a problem / k) / N, so once k is a few samples N sets the interval. GSM8K (1319
 problems) and MATH-500 (500) draw 4; AIME 2024 (30 problems, where the within-problem part still
-counts) draws 32 (DeepSeek-R1 drew 64). Max new tokens: 14000 for the competition sets, the official
-trainer's generation cap, so a model is judged at the answer lengths it was trained to write; 4096
-for GSM8K, whose worked answers take a few hundred tokens, so that a looping sample costs little.
+counts) draws 32 (DeepSeek-R1 drew 64). Max new tokens: 14000 for the competition sets (max length
+16384), the official trainer's generation caps, so a model is judged at the answer lengths it was
+trained to write; 4096 for GSM8K (max length 6144), whose worked answers take a few hundred tokens,
+so that a looping sample costs little.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from oreal_fast.data.sources import LOCAL_SUFFIXES
 
 TEMPERATURE = 0.6
 TOP_P = 0.95
-PROMPT_ROOM = 2048  # tokens of prompt (system prompt included) allowed beside max new tokens
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,7 @@ class EvalPreset:
     hub_source: dict[str, str] = field(repr=False)  # a dict source of data/sources.py
     samples_per_problem: int
     max_new_tokens: int
+    max_length: int  # prompt + response tokens: max_new_tokens and room for a prompt with its system prompt
 
     def source(self, local_copy: str | None = None) -> dict[str, str]:
         """The set as a source dict: on the Hub, or with the same fields read from ``local_copy``.
@@ -67,27 +68,27 @@ class EvalPreset:
             "temperature": TEMPERATURE,
             "gen_top_p": TOP_P,
             "gen_max_new": self.max_new_tokens,
-            "gen_max_length": self.max_new_tokens + PROMPT_ROOM,
+            "gen_max_length": self.max_length,
         }
 
 
 PRESETS: dict[str, EvalPreset] = {p.name: p for p in (
     # huggingface.co/datasets/openai/gsm8k (README): configs "main" and "socratic", splits train / test
-    # (1319 test problems), fields "question" and "answer"; the answer is the worked solution, its
-    # last line "#### N" (openai/grade-school-math README), with thousands separators at times.
+    # (1319 test problems), fields "question" and "answer"; the answer is the worked solution followed by
+    # "#### N" (as NVIDIA Megatron-Bridge's GSM8K processor docs describe it), thousands separators at times.
     EvalPreset("gsm8k", "GSM8K test", {"path": "openai/gsm8k", "subset": "main", "split": "test",
                                        "question": "question", "answer": "answer", "extract": "gsm8k"},
-               samples_per_problem=4, max_new_tokens=4096),
+               samples_per_problem=4, max_new_tokens=4096, max_length=6144),
     # huggingface.co/datasets/HuggingFaceH4/MATH-500 (eval.yaml): config "default", split "test",
     # input field "problem", target field "answer" (the final answer alone, LaTeX; 500 problems).
     EvalPreset("math500", "MATH-500", {"path": "HuggingFaceH4/MATH-500", "split": "test",
                                        "question": "problem", "answer": "answer"},
-               samples_per_problem=4, max_new_tokens=14000),
+               samples_per_problem=4, max_new_tokens=14000, max_length=16384),
     # huggingface.co/datasets/HuggingFaceH4/aime_2024 (README): one split "train" of 30 problems
     # (AIME I and II 2024), string fields id, problem, solution, answer, url, year.
     EvalPreset("aime24", "AIME 2024", {"path": "HuggingFaceH4/aime_2024", "split": "train",
                                        "question": "problem", "answer": "answer"},
-               samples_per_problem=32, max_new_tokens=14000),
+               samples_per_problem=32, max_new_tokens=14000, max_length=16384),
 )}
 
 
