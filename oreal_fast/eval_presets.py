@@ -61,9 +61,10 @@ class EvalPreset:
         return source
 
     def settings(self, local_copy: str | None = None) -> dict[str, object]:
-        """The config values the preset sets: the problems and the sampling protocol."""
+        """The config values the preset sets: the whole set and the sampling protocol."""
         return {
             "val_datasets": self.source(local_copy),
+            "val_max_problems": None,  # a config's cap on its own held-out set does not shorten the standard one
             "val_samples_per_problem": self.samples_per_problem,
             "temperature": TEMPERATURE,
             "gen_top_p": TOP_P,

@@ -97,10 +97,11 @@ def test_a_preset_reads_a_clone_of_the_hub_repository_by_its_subset_and_split(tm
 
 def test_flags_replace_the_presets_protocol_and_the_preset_replaces_the_configs(tmp_path):
     config = tmp_path / "cfg.py"
-    config.write_text(BASE + "seed = 7\ntemperature = 1.0\n", encoding="utf-8")  # BASE: gen_max_new 64
-    path = local_copy(tmp_path, "gsm8k")
+    config.write_text(BASE + "seed = 7\ntemperature = 1.0\nval_max_problems = 1\n", encoding="utf-8")
+    path = local_copy(tmp_path, "gsm8k")  # BASE has gen_max_new 64, gen_max_length 256
     cfg = settings("some/model", "gsm8k", path, str(config), None, None, {})
     assert (cfg.seed, cfg.temperature, cfg.gen_max_new, cfg.val_samples_per_problem) == (7, 0.6, 4096, 4)
+    assert cfg.val_max_problems is None  # the whole set, not the config's first problem
     cfg = settings("some/model", "gsm8k", path, str(config), 2, 1, {"temperature": 1.0, "gen_max_new": 100})
     assert (cfg.val_samples_per_problem, cfg.val_max_problems, cfg.temperature, cfg.gen_max_new, cfg.gen_top_p) == \
         (2, 1, 1.0, 100, 0.95)
