@@ -1,4 +1,4 @@
-"""Held-out evaluation: greedy pass@1 and sampled pass@k of a policy on a set of problems.
+"""Held-out evaluation: greedy pass@1, mean@n and pass@k of a policy on a set of problems, with intervals.
 
 Prompts in, judged pass rates out. Responses come from any ``RolloutEngine`` (in a run, the
 trainer's own), and a ``Router`` judges them from the same ``JudgeItem`` fields as training, so
@@ -8,7 +8,16 @@ the held-out problems. Not here: loading models or config files, writing results
 
 pass@k is the unbiased estimator of Chen et al. 2021 ("Evaluating Large Language Models Trained
 on Code", eq. 1): with n samples of a problem of which c are correct,
-pass@k = 1 - C(n - c, k) / C(n, k), computed per problem, then averaged over problems.
+pass@k = 1 - C(n - c, k) / C(n, k), computed per problem, then averaged over problems. mean@n is
+the mean over problems of c / n (the same number as pass@1 from n samples).
+
+Intervals (:meth:`EvalResult.estimates`) treat the problems as drawn from a larger population of
+such problems (Miller 2024, "Adding Error Bars to Evals", arXiv 2411.00640): each metric is a mean
+over problems of a per-problem score in [0, 1], and its 95% interval is the normal one,
+mean +- 1.96 x the standard error over problems, clipped to [0, 1]. The sampling noise of the n
+draws is inside each problem's score, so it is counted too. Greedy pass@1 scores each problem 0 or
+1, and there the Wilson score interval replaces the normal one: it stays honest at 0 of N and N of N,
+where the normal interval has width 0.
 
 Invariant: an evaluation draws randomness only from a generator of its own, seeded afresh on each
 call, so it never moves the training sample stream, and evaluating the same weights twice gives
@@ -21,6 +30,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any
 
 import torch
@@ -36,6 +46,9 @@ from oreal_fast.rollout import RolloutEngine, SamplingParams, sampling_params
 # of the training stream (seeded with the run seed itself) instead of repeating them.
 EVAL_SEED_OFFSET = 1_000_003
 
+CONFIDENCE = 0.95
+Z = NormalDist().inv_cdf(0.5 + CONFIDENCE / 2)  # 1.95996...: the two-sided 95% normal quantile
+
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k of one problem: the chance that k of its n samples, drawn without
@@ -50,6 +63,58 @@ def pass_at_k(n: int, c: int, k: int) -> float:
         raise ValueError(f"pass_at_k needs n >= 1, 0 <= c <= n and 1 <= k <= n; got n={n}, c={c}, k={k}")
     # exact integer binomials; int / int is correctly rounded even when they are huge
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pass_ks(n: int) -> list[int]:
+    """The k of the reported pass@k for n samples per problem: the powers of two below n, then n
+    (pass@1 is mean@n); none for n < 2."""
+    return [2**i for i in range(1, n.bit_length()) if 2**i < n] + ([n] if n >= 2 else [])
+
+
+def wilson_interval(successes: int, total: int) -> tuple[float, float]:
+    """95% Wilson score interval of a proportion (Wilson 1927): the shares p whose normal test
+    against ``successes / total`` does not reject at 5%. Non-empty at 0 of N and at N of N.
+
+    Raises:
+        ValueError: not 0 <= successes <= total, or total < 1.
+    """
+    if not 0 <= successes <= total or total < 1:
+        raise ValueError(f"wilson_interval needs 0 <= successes <= total and total >= 1; got {successes}, {total}")
+    p, z2 = successes / total, Z * Z
+    center = (p + z2 / (2 * total)) / (1 + z2 / total)
+    half = Z * math.sqrt(p * (1 - p) / total + z2 / (4 * total * total)) / (1 + z2 / total)
+    return max(0.0, center - half), min(1.0, center + half)
+
+
+def normal_interval(scores: Sequence[float]) -> tuple[float, float]:
+    """95% normal interval of the mean of per-problem scores in [0, 1]: mean +- Z x s / sqrt(N), with s
+    the sample standard deviation (N - 1 in its denominator), clipped to [0, 1]. One problem gives no
+    spread to measure: [0, 1].
+
+    Raises:
+        ValueError: no scores.
+    """
+    num = len(scores)
+    if num < 1:
+        raise ValueError("normal_interval needs at least one score")
+    if num == 1:
+        return 0.0, 1.0
+    mean = sum(scores) / num
+    half = Z * math.sqrt(sum((x - mean) ** 2 for x in scores) / (num - 1) / num)
+    return max(0.0, mean - half), min(1.0, mean + half)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A mean over problems and its 95% interval (see the module docstring for which interval)."""
+
+    value: float
+    low: float
+    high: float
+
+
+def _mean_estimate(scores: list[float]) -> Estimate:
+    return Estimate(sum(scores) / len(scores), *normal_interval(scores))
 
 
 def encode_prompts(tokenizer: Any, chat_template: str | None, records: Sequence[PromptRecord],
@@ -91,6 +156,18 @@ class EvalResult:
         if n:
             out["val_sampled_pass1"] = sum(pass_at_k(n, p.num_correct, 1) for p in self.problems) / num
             out["val_pass_at_k"] = sum(pass_at_k(n, p.num_correct, n) for p in self.problems) / num
+        return out
+
+    def estimates(self) -> dict[str, Estimate]:
+        """``greedy pass@1`` (Wilson interval) and, when n samples per problem were drawn, ``mean@n``
+        and ``pass@k`` for each k of :func:`pass_ks` (normal intervals over problems), in that order."""
+        num, n = len(self.problems), self.samples_per_problem
+        greedy = sum(p.greedy_correct for p in self.problems)
+        out = {"greedy pass@1": Estimate(greedy / num, *wilson_interval(greedy, num))}
+        if n:
+            out[f"mean@{n}"] = _mean_estimate([p.num_correct / n for p in self.problems])
+            for k in pass_ks(n):
+                out[f"pass@{k}"] = _mean_estimate([pass_at_k(n, p.num_correct, k) for p in self.problems])
         return out
 
 

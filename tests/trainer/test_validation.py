@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
+import shutil
 import subprocess
 import sys
 
+import datasets
 import pytest
 import torch
 
@@ -110,9 +111,28 @@ def test_eval_command_on_a_saved_checkpoint_writes_its_report(tmp_path, tiny_mod
     # a random model writes 6 bytes of noise: never the stop word, so every verdict is wrong
     assert report["metrics"] == {"val_num_problems": 3, "val_greedy_pass1": 0.0, "val_sampled_pass1": 0.0,
                                  "val_pass_at_k": 0.0}
-    printed = capsys.readouterr().out
-    assert re.search(r"^  greedy pass@1 +0\.0000$", printed, re.M) and re.search(r"^  pass@2 +0\.0000$", printed, re.M)
-    assert printed.endswith(f"wrote {out}\n")
+    printed = capsys.readouterr().out.splitlines()
+    # 0 of 3 greedy: Wilson's upper bound z^2 / (3 + z^2) = 3.84 / 6.84; no sampled answer right: no spread
+    assert printed[-4:] == ["| greedy pass@1 | 0.0 | [0.0, 56.1] |", "| mean@2 | 0.0 | [0.0, 0.0] |",
+                            "| pass@2 | 0.0 | [0.0, 0.0] |", f"wrote {out}"]
+
+
+def test_eval_preset_on_a_local_copy_writes_its_report_beside_the_model(tmp_path, tiny_model_dir):
+    model = shutil.copytree(tiny_model_dir, tmp_path / "policy")
+    rows = [{"question": f"Sam has {a} bags of 1,000 beads. How many beads?", "answer": f"#### {a},000"}
+            for a in (2, 3, 4)]
+    data = tmp_path / "test-00000-of-00001.parquet"  # GSM8K's own file name and fields
+    datasets.Dataset.from_list(rows).to_parquet(str(data))
+    eval_main([str(model), "--preset", "gsm8k", "--datasets", str(data), "--k", "2", "--gen_max_new", "6",
+               "--gen_max_length", "128"])
+    report = json.loads((model / "eval_gsm8k.json").read_text())
+    assert [p["gold_answer"] for p in report["problems"]] == ["2000", "3000", "4000"]
+    assert (report["preset"], report["samples_per_problem"]) == ("gsm8k", 2)
+    # the preset's temperature and top-p; the flags' lengths
+    assert report["sampling"] == {"temperature": 0.6, "top_p": 0.95, "top_k": 0, "max_new_tokens": 6,
+                                  "max_length": 128, "seed": 0}
+    assert report["metrics"]["val_pass_at_k"] == 0.0  # a random model's 6 bytes never hold the stop word
+    assert list(report["estimates"]) == ["greedy pass@1", "mean@2", "pass@2"]
 
 
 def test_eval_command_with_a_bad_model_exits_2_in_one_line(tmp_path, prompt_file, capsys):
