@@ -237,6 +237,11 @@ class TrainConfig:
     """Judger name -> settings (hosts, stop_word, ...), checked by the judge package."""
     data_judger_mapping: dict[str, list[str]] = field(default_factory=lambda: {"math": ["math_judger"]})
     """data_source -> names of the judgers that score it."""
+    reward_fn: str | None = None
+    """Your reward instead of the math judger, for every sample: "package.module:function" or
+    "path/to/file.py:function", called as function(record, response, gold_answer) in the judge workers under
+    the sample's judger's rule_timeout_s; returns a float (reward > 0 = correct) or a bool (+1 / -1); a
+    failed call scores -1. None = the judger. Reference: docs/rewards.md."""
 
     # --- validation (not in the official trainer, which evaluates checkpoints separately) ---
     val_datasets: str | dict | list[str | dict] | None = None
@@ -419,6 +424,7 @@ def _validate(raw: dict[str, Any], path: str, overridden: set[str]) -> TrainConf
     _check_device(c, cfg)
     _check_validation(c, cfg)
     _check_judgers(c, cfg)
+    _check_reward_fn(c, cfg)
     _check_data_sources(c, cfg)
     return cfg
 
@@ -667,6 +673,19 @@ def _check_judgers(c: _Checker, cfg: TrainConfig) -> None:
             c.fail("data_judger_mapping", f"{source!r} names judger(s) {missing} that judgers_config does "
                    f"not define (defined: {sorted(cfg.judgers_config)})")
         cfg.data_judger_mapping[source] = list(names)
+
+
+def _check_reward_fn(c: _Checker, cfg: TrainConfig) -> None:
+    """The reward function loads here, before any model does, and takes (record, response, gold_answer);
+    a file path is stored absolute."""
+    from oreal_fast.judge.reward_fn import check_reward_fn
+
+    if cfg.reward_fn is None:
+        return
+    try:
+        cfg.reward_fn = check_reward_fn(cfg.reward_fn)
+    except ValueError as e:
+        c.fail("reward_fn", str(e))
 
 
 def _check_data_sources(c: _Checker, cfg: TrainConfig) -> None:

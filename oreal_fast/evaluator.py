@@ -240,7 +240,8 @@ class Evaluator:
         responses = rollout.generate(prompt_ids, params, generator)
         texts = self.tokenizer.batch_decode(responses, skip_special_tokens=False)
         items = [JudgeItem(question=r.question, response_text=t, gold_answer=r.gold_answer,
-                           data_source=r.metadata["data_source"]) for r, t in zip(records, texts)]
+                           data_source=r.metadata["data_source"], record=dataclasses.asdict(r))
+                 for r, t in zip(records, texts)]
         rewards = router.judge(items).rewards
         return texts, [r > 0 for r in rewards]
 

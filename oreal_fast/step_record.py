@@ -45,7 +45,8 @@ class StepSamples:
     def judge_items(self) -> list[JudgeItem]:
         """What the judger reads of each sample, as in validation."""
         return [JudgeItem(question=r.question, response_text=text, gold_answer=r.gold_answer,
-                          data_source=r.metadata["data_source"]) for r, text in zip(self.records, self.texts)]
+                          data_source=r.metadata["data_source"], record=dataclasses.asdict(r))
+                for r, text in zip(self.records, self.texts)]
 
     def judged(self, rewards: list[float], counters: dict[str, int]) -> StepSamples:
         """This record with the judger's rewards (in sample order) and counters."""

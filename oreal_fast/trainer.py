@@ -102,7 +102,7 @@ class Trainer:
         self.rl_settings = RLSettings.from_config(cfg, self.runtime.precision)
         # The Router draws its first verifier host from Python's global `random`, as the official
         # judger does, before any filter draw (Q15): build it after seeding, before the first step.
-        self.router = router or Router(cfg.judgers_config, cfg.data_judger_mapping)
+        self.router = router or Router(cfg.judgers_config, cfg.data_judger_mapping, reward_fn=cfg.reward_fn)
         # ranks sample different prompts; their own streams keep their samples independent
         self.sampling_generator = torch.Generator(device=self.device).manual_seed(cfg.seed + dp.rank)
         self.start_step = self.checkpoints.attach(
@@ -176,7 +176,8 @@ class Trainer:
         return StepSamples(records, prompt_ids, responses, texts)
 
     def judge(self, samples: StepSamples) -> StepSamples:
-        """The samples with their rewards in {+1, -1}, in sample order, and the judger's counters (4.3)."""
+        """The samples with their rewards in {+1, -1} (a reward_fn's own, if set), in sample order, and the
+        judger's counters (4.3)."""
         outcome = self.router.judge(samples.judge_items())
         return samples.judged([float(r) for r in outcome.rewards], outcome.counters)
 

@@ -59,7 +59,7 @@ class RLMicroBatch:
     Attributes:
         row: the packed ``input_ids``, ``positions``, ``cu_seqlens``, ``max_seqlen``.
         action_labels: [A] int64, the sampled token of every action position, in packed order.
-        rewards: [n] fp32, +1 / -1.
+        rewards: [n] fp32, the judger's +1 / -1 (a reward_fn's own rewards if set; correct = > 0).
         advantages: [n] fp32.
         action_index: [A] int64, packed position of every action token (A = sum R_i), in order.
         action_seq: [A] int64, the local sequence index of every action token.

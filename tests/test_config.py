@@ -145,6 +145,13 @@ BAD = [
     ("data_judger_mapping = dict(code=['math_judger'])", "data_judger_mapping", "'math'"),
     ("judgers_config = dict(math_judger=dict(hosts=[]))", "judgers_config", "math_judger"),
     ("judgers_config = dict(math_judger=dict(rule_only=True, bogus=1))", "judgers_config", "bogus"),
+    ("reward_fn = 'no_such_reward_module:score'", "reward_fn",
+     "module 'no_such_reward_module' cannot be loaded: ModuleNotFoundError"),
+    ("reward_fn = 'json:no_such_function'", "reward_fn", "'json' has no attribute 'no_such_function'"),
+    ("reward_fn = 'json:dumps'", "reward_fn", "must accept three positional arguments (record, response, gold_answer)"),
+    ("reward_fn = 'json:__all__'", "reward_fn", "is a list, not a function"),
+    ("reward_fn = './no/such/reward.py:score'", "reward_fn", "reward.py' does not exist"),
+    ("reward_fn = 'score'", "reward_fn", "not of the form 'package.module:function' or 'path/to/file.py:function'"),
 ]
 
 
@@ -246,6 +253,9 @@ def test_cli_parses_overrides_like_fire_and_calls_the_trainer(tmp_path, monkeypa
     (["--total_stepz", "3"], "total_stepz"),
     (["--gen_global_batch", "15"], "gen_global_batch"),
     (["--checkpoint_interval", "0.01"], "checkpoint_interval"),
+    (["--reward_fn", "no_such_reward_module:score"], "reward_fn"),
+    (["--reward_fn", "json:no_such_function"], "reward_fn"),
+    (["--reward_fn", "json:dumps"], "reward_fn"),
 ])
 def test_cli_exits_2_with_one_line_naming_the_key(tmp_path, args, key):
     path = _write(tmp_path)

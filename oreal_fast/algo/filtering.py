@@ -14,8 +14,12 @@ from typing import Protocol, Sequence, TypeVar
 
 T = TypeVar("T")
 
-# "Correct" is reward == 1 exactly, as the official filter tests it; anything else is incorrect.
-CORRECT_REWARD = 1.0
+
+def is_correct(reward: float) -> bool:
+    """Correct means reward > 0. The official filter tests reward == 1; on its rewards, +1 or -1, the
+    two agree, and > 0 is what its loss tests (the positive term, the token normalisers), so a
+    reward_fn's float rewards (docs/rewards.md) split the same way in the filter and in the loss."""
+    return reward > 0
 
 
 class ChoiceRng(Protocol):
@@ -41,10 +45,10 @@ def _check(rewards: Sequence[float], k: int) -> None:
 
 
 def group_pass_rates(rewards: Sequence[float], k: int) -> list[float]:
-    """Fraction of samples with reward == 1 in each consecutive group of ``k``."""
+    """Fraction of correct samples (reward > 0) in each consecutive group of ``k``."""
     _check(rewards, k)
     return [
-        sum(1 for r in rewards[g : g + k] if r == CORRECT_REWARD) / k
+        sum(1 for r in rewards[g : g + k] if is_correct(r)) / k
         for g in range(0, len(rewards), k)
     ]
 
@@ -69,8 +73,8 @@ def filter_one_pair(rewards: Sequence[float], k: int, rng: ChoiceRng) -> Selecti
         if p in (0.0, 1.0):
             continue
         members = range(g * k, (g + 1) * k)
-        correct = [i for i in members if rewards[i] == CORRECT_REWARD]
-        incorrect = [i for i in members if rewards[i] != CORRECT_REWARD]
+        correct = [i for i in members if is_correct(rewards[i])]
+        incorrect = [i for i in members if not is_correct(rewards[i])]
         indices += [rng.choice(correct), rng.choice(incorrect)]
     return Selection(indices)
 

@@ -70,7 +70,8 @@ def rm_bce_loss(
     """This micro-batch's share of ``L_rm = (1/M) sum_i BCEWithLogits(m_i, y_i)``.
 
     Normaliser: M, the number of kept trajectories of the whole step, so the shares of all
-    micro-batches (and ranks) SUM to L_rm. Target ``y_i = int(max(r_i, 0))`` (1 iff r = +1).
+    micro-batches (and ranks) SUM to L_rm. Target ``y_i = 1`` iff ``r_i > 0`` (correct, as the filter
+    and the loss read it); the official ``int(max(r_i, 0))`` is the same on its rewards of +1 / -1.
 
     Args:
         seq_means: ``[M_mb]`` fp32 mean RM logit per sequence (with grad).
@@ -80,7 +81,7 @@ def rm_bce_loss(
     Returns:
         0-d fp32 loss (with grad).
     """
-    y = rewards.to(seq_means.dtype).clamp(min=0).trunc()
+    y = (rewards > 0).to(seq_means.dtype)
     bce = F.binary_cross_entropy_with_logits(seq_means, y, reduction="sum")
     return bce / safe_denominator(num_seqs)
 

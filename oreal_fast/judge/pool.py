@@ -3,9 +3,11 @@
 What it does: `RulePool.run(tasks)` sends (check, text, gold, CPU limit) tasks to a few worker
 processes, one task per worker at a time, and yields each verdict as it arrives. A check is a
 ``"module:function"`` taking ``(text, gold)`` and returning a truth value (`OFFICIAL_CHECK`,
-`STRICT_CHECK`, or any importable function: tests pass their own). A check that uses more
-than its limit of the worker's CPU time is killed with its worker, which is replaced; its
-verdict is `TIMED_OUT`. sympy can spin for hours on inputs like ``10^{10^{10}}`` and a Python
+`STRICT_CHECK`, or any importable function: tests pass their own). A `RewardTask` runs a user's
+reward function (``"module:function"`` or ``"/path/file.py:function"``) the same way and comes
+back as its `RewardAnswer` (reward_fn.py reads what the function returned, in the worker). A
+check that uses more than its limit of the worker's CPU time is killed with its worker, which
+is replaced; its verdict is `TIMED_OUT`. sympy can spin for hours on inputs like ``10^{10^{10}}`` and a Python
 thread cannot be interrupted inside a C big-integer operation, so only a separate process
 gives a hard limit.
 
@@ -18,12 +20,13 @@ swapped out, deadlocked) and logs a warning when it fires.
 Workers come from a fork server that has already imported sympy and math-verify, so starting
 or replacing one costs a fork, not a second of imports; they start lazily at the first task,
 so a run that never checks a rule starts none. Before a worker takes tasks it runs each
-built-in check once (parsers load lazily on first use), and a check named for the first time is
-imported before its limit starts, so no limit ever pays for start-up.
-Each worker caps its address space, so a huge power turns into a quick MemoryError instead
-of swapping the machine.
+built-in check once (parsers load lazily on first use) and imports the ``preload`` checks (a
+reward_fn), and a check named for the first time is imported before its limit starts, so no limit
+ever pays for start-up. Each worker then caps its address space, so a huge power turns into a
+quick MemoryError instead of swapping the machine.
 
-What it does not: it knows nothing about rewards or servers (see router.py).
+What it does not: it counts no failure and knows no server; verdicts and reward answers go back as
+they came (router.py turns them into rewards).
 
 Invariant: every task given to `run` gets exactly one verdict, within its CPU limit of check
 time (or the wall backstop) after it reached a worker; no task is lost when a worker dies.
@@ -31,7 +34,6 @@ time (or the wall backstop) after it reached a worker; no task is lost when a wo
 
 import collections
 import enum
-import importlib
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -40,7 +42,9 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
+
+from oreal_fast.judge.reward_fn import RewardAnswer, RewardTask, call_reward_fn, load_function
 
 OFFICIAL_CHECK = "oreal_fast.judge.rule_official:check"
 STRICT_CHECK = "oreal_fast.judge.rule_strict:check"
@@ -58,6 +62,7 @@ _BACKSTOP_FACTOR = 10.0
 _BACKSTOP_MIN_S = 60.0
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class RuleVerdict(enum.Enum):
@@ -78,16 +83,8 @@ def wall_backstop_s(cpu_limit_s: float) -> float:
     return max(_BACKSTOP_FACTOR * cpu_limit_s, _BACKSTOP_MIN_S)
 
 
-def _resolve(spec: str) -> Callable[[str, str], object]:
-    """The function named by ``"module:function"`` (imported here, outside any limit)."""
-    module, sep, name = spec.partition(":")
-    if not sep or not module or not name:
-        raise ValueError(f"rule check {spec!r} is not of the form 'module:function'")
-    return getattr(importlib.import_module(module), name)
-
-
-def _run_limited(check: Callable[[str, str], object], text: str, gold: str, cpu_limit_s: float) -> bool:
-    """``check(text, gold)`` as a bool, the process killed once the call has used ``cpu_limit_s``.
+def _run_limited(call: Callable[[], T], cpu_limit_s: float) -> T:
+    """``call()``, the process killed once the call has used ``cpu_limit_s`` of CPU time.
 
     ITIMER_PROF counts this process's CPU time (user + system) and raises SIGPROF, whose default
     action ends the process: the kernel enforces the limit even inside a C big-integer loop, at
@@ -97,15 +94,30 @@ def _run_limited(check: Callable[[str, str], object], text: str, gold: str, cpu_
     """
     signal.setitimer(signal.ITIMER_PROF, cpu_limit_s)
     try:
-        return bool(check(text, gold))
-    except BaseException:  # MemoryError etc.: the checker gave no verdict, so no +1
-        return False
+        return call()
     finally:
         signal.setitimer(signal.ITIMER_PROF, 0)
 
 
-def _worker_main(conn: multiprocessing.connection.Connection) -> None:
-    """Loop of one worker: receive a task, send back a bool, until told to stop (None).
+def _verdict(check: Callable[[str, str], object], text: str, gold: str) -> bool:
+    """``check(text, gold)`` as a bool."""
+    try:
+        return bool(check(text, gold))
+    except BaseException:  # MemoryError etc.: the checker gave no verdict, so no +1
+        return False
+
+
+def _run_task(fn: Callable[..., object], task: tuple) -> bool | RewardAnswer:
+    """One task under its CPU limit: a rule check's verdict, or a reward function's answer."""
+    if isinstance(task, RewardTask):
+        return _run_limited(lambda: call_reward_fn(fn, task), task.timeout_s)
+    _, text, gold, cpu_limit_s = task
+    return _run_limited(lambda: _verdict(fn, text, gold), cpu_limit_s)
+
+
+def _worker_main(conn: multiprocessing.connection.Connection, preload: tuple[str, ...] = ()) -> None:
+    """Loop of one worker: receive a task, send back a bool (a RewardAnswer for a RewardTask),
+    until told to stop (None). ``preload``: checks to import at start, with the built-in ones.
 
     A check that cannot be imported is answered with its error message (a str), which the pool
     raises: a misnamed check must stop the run, not score every sample -1.
@@ -117,22 +129,28 @@ def _worker_main(conn: multiprocessing.connection.Connection) -> None:
     # The limit counts the CPU time of all of this process's threads: a BLAS or OpenMP pool with one
     # thread per core (numpy loads at the warm-up below) would make a check's cost depend on the core count.
     os.environ.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    checks: dict[str, Callable[[str, str], object]] = {}
+    checks: dict[str, Callable[..., object]] = {}
     for spec, text, gold in _WARM_UP:
-        checks[spec] = _resolve(spec)
+        checks[spec] = load_function(spec)
         checks[spec](text, gold)
+    for spec in preload:  # before the memory cap: a reward_fn's module may map large libraries (torch)
+        try:
+            checks[spec] = load_function(spec)
+        except Exception:  # loaded again at its first task, which reports the error
+            pass
     _cap_address_space()
     try:
         conn.send("ready")  # imports and warm-up done: from now on a limit measures checking alone
         while (task := conn.recv()) is not None:
-            spec, text, gold, cpu_limit_s = task
+            spec = task[0]
             if spec not in checks:
-                try:
-                    checks[spec] = _resolve(spec)
+                try:  # imported here, outside any limit
+                    checks[spec] = load_function(spec)
                 except Exception as e:
-                    conn.send(f"rule check {spec!r} could not be loaded in the worker: {type(e).__name__}: {e}")
+                    what = "reward_fn" if isinstance(task, RewardTask) else "rule check"
+                    conn.send(f"{what} {spec!r} could not be loaded in the worker: {type(e).__name__}: {e}")
                     continue
-            conn.send(_run_limited(checks[spec], text, gold, cpu_limit_s))
+            conn.send(_run_task(checks[spec], task))
     except (EOFError, ConnectionError):  # the trainer is gone (a kill -9 resets the pipe): stop quietly
         return
 
@@ -151,9 +169,9 @@ def _cap_address_space() -> None:
 
 
 class _Worker:
-    def __init__(self, ctx: multiprocessing.context.BaseContext) -> None:
+    def __init__(self, ctx: multiprocessing.context.BaseContext, preload: tuple[str, ...]) -> None:
         self.conn, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True, name="rule-check")
+        self.proc = ctx.Process(target=_worker_main, args=(child, preload), daemon=True, name="rule-check")
         self.proc.start()
         child.close()
         self.ready = False  # True once it has imported the checkers and said so
@@ -178,22 +196,26 @@ class RulePool:
 
     Args:
         num_workers: processes to run (capped at the CPU count).
+        preload: checks (``"module:function"`` or ``"/path/file.py:function"``) every worker imports
+            as it starts, before its memory cap and outside any limit, as it does the built-in ones.
     """
 
-    def __init__(self, num_workers: int) -> None:
+    def __init__(self, num_workers: int, preload: tuple[str, ...] = ()) -> None:
         self.num_workers = max(1, min(num_workers, os.cpu_count() or 1))
         methods = multiprocessing.get_all_start_methods()
         self._ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+        self._preload = tuple(preload)
         if self._ctx.get_start_method() == "forkserver":
             self._ctx.set_forkserver_preload(_RULE_MODULES)
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()  # one batch at a time owns the workers
 
-    def run(self, tasks: list[RuleTask]) -> Iterator[tuple[int, RuleVerdict]]:
-        """Yield ``(task index, verdict)`` for every task, in completion order."""
+    def run(self, tasks: list[RuleTask | RewardTask]) -> Iterator[tuple[int, RuleVerdict | RewardAnswer]]:
+        """Yield ``(task index, verdict)`` for every task, in completion order: a RuleVerdict for a
+        RuleTask; for a RewardTask its RewardAnswer, or `RuleVerdict.TIMED_OUT` when it was killed."""
         with self._lock:
             while len(self._workers) < min(self.num_workers, len(tasks)):
-                self._workers.append(_Worker(self._ctx))
+                self._workers.append(_Worker(self._ctx, self._preload))
             busy: dict[multiprocessing.connection.Connection, tuple[_Worker, int, float]] = {}
             try:
                 yield from self._dispatch(tasks, busy)
@@ -203,7 +225,8 @@ class RulePool:
                 for w, _, _ in busy.values():
                     self._replace(w)
 
-    def _dispatch(self, tasks: list[RuleTask], busy: dict) -> Iterator[tuple[int, RuleVerdict]]:
+    def _dispatch(self, tasks: list[RuleTask | RewardTask],
+                  busy: dict) -> Iterator[tuple[int, RuleVerdict | RewardAnswer]]:
         """Feed idle workers, collect answers, kill the stuck.
 
         `busy` maps a worker's connection to (worker, task index, wall backstop); the caller
@@ -217,7 +240,7 @@ class RulePool:
                 w = idle.pop()
                 i, task = pending[0]
                 try:
-                    w.conn.send(tuple(task))
+                    w.conn.send(task)
                 except OSError:  # died while idle: replace it, keep the task
                     self._replace(w)
                     continue
@@ -240,12 +263,15 @@ class RulePool:
                 idle.append(w)
                 if isinstance(ok, str):  # the check could not be imported
                     raise RuntimeError(ok)
+                if isinstance(ok, RewardAnswer):
+                    yield i, ok
+                    continue
                 yield i, RuleVerdict.CONFIRMED if ok else RuleVerdict.NOT_CONFIRMED
             now = time.monotonic()
             for conn, (w, i, backstop) in list(busy.items()):
                 if now >= backstop:
                     del busy[conn]
-                    log.warning("rule check of task %d ran %.0f s of wall time without answering (stuck off the"
+                    log.warning("check of task %d ran %.0f s of wall time without answering (stuck off the"
                                 " CPU: blocked or swapped?); its worker is replaced and the sample counted as"
                                 " a timeout", i, wall_backstop_s(tasks[i].timeout_s))
                     self._replace(w)
@@ -267,7 +293,7 @@ class RulePool:
 
     def _replace(self, w: _Worker) -> _Worker:
         w.stop(kill=True)
-        fresh = _Worker(self._ctx)
+        fresh = _Worker(self._ctx, self._preload)
         self._workers[self._workers.index(w)] = fresh
         return fresh
 

@@ -20,10 +20,18 @@ call, and the rest of the batch is judged as usual.
 Rule checks run in worker processes and verifier calls in threads; a sample whose rule
 check misses goes to the verifier as soon as its verdict arrives, while other checks go on.
 
+With a ``reward_fn`` (docs/rewards.md) the user's function replaces steps 1-5 for every sample:
+it gets the prompt record, the whole decoded response and the gold answer in a worker, under
+the ``rule_timeout_s`` of the sample's judger; a bool scores +1 / -1, a finite number is the
+reward. A call that raises, runs past its limit or returns anything else scores -1 (as a failed
+rule check with no verifier), is counted (reward_fn_errors, reward_fn_timeouts,
+reward_fn_bad_returns) and, the first time of its kind, logged with the sample's index.
+
 What it does not: no tensors, no reward shaping; rewards go back as plain floats.
 
-Invariant: `judge` returns exactly one reward in {+1.0, -1.0} per item, in input order, and
-returns within bounded time (rule time limits + verifier timeouts and retries).
+Invariant: `judge` returns exactly one finite reward per item, in input order (in {+1.0, -1.0}
+without a reward_fn), and returns within bounded time (time limits per sample + verifier
+timeouts and retries).
 """
 
 import concurrent.futures
@@ -32,29 +40,40 @@ import logging
 import random
 
 from oreal_fast.judge.pool import OFFICIAL_CHECK, STRICT_CHECK, RulePool, RuleTask, RuleVerdict
+from oreal_fast.judge.reward_fn import FAILED_REWARD, FAILURE_KINDS, RewardAnswer, RewardTask, absolute_spec
 from oreal_fast.judge.settings import MathJudgerSettings, parse_judger_settings
 from oreal_fast.judge.verifier import VerifierClient
 
 RULE_CHECKS = {"official": OFFICIAL_CHECK, "strict": STRICT_CHECK}  # rule_mode -> check the workers run
 COUNTER_KEYS = ("rule_confirmed", "verifier_calls", "verifier_failures", "rule_timeouts", "no_stop_word",
                 "invalid_items")
+REWARD_FN_COUNTER_KEYS = tuple(f"reward_fn_{kind}" for kind in FAILURE_KINDS)  # added when a reward_fn is set
 
 log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
 class JudgeItem:
-    """One sample to judge: the user question, the raw decoded response, the gold answer."""
+    """One sample to judge: the user question, the raw decoded response, the gold answer; ``record``
+    is the whole prompt record, a reward_fn's first argument (None: the three fields above)."""
 
     question: str
     response_text: str
     gold_answer: str
     data_source: str = "math"
+    record: dict | None = None
+
+    def record_dict(self) -> dict:
+        """A copy of the prompt record a reward_fn gets."""
+        if self.record is not None:
+            return dict(self.record)
+        return {"question": self.question, "gold_answer": self.gold_answer, "data_source": self.data_source}
 
 
 @dataclasses.dataclass(frozen=True)
 class JudgeOutcome:
-    """rewards: one of +1.0 / -1.0 per item, input order; counters: COUNTER_KEYS -> count."""
+    """rewards: one per item, input order (+1.0 / -1.0, or a reward_fn's); counters: COUNTER_KEYS
+    (and REWARD_FN_COUNTER_KEYS with a reward_fn) -> count."""
 
     rewards: list[float]
     counters: dict[str, int]
@@ -92,13 +111,16 @@ class Router:
         judgers_config: judger name -> settings dict (see settings.py for the keys).
         data_judger_mapping: data_source -> list of judger names; the first one judges
             (the official trainer also used only the first judger's reward).
+        reward_fn: ``"package.module:function"`` or ``"path/to/file.py:function"`` that scores
+            every sample instead (config.py checks it at start-up); the judgers then only give
+            each sample its CPU limit (rule_timeout_s) and the pool its size (num_processes).
 
     Raises:
         ValueError: no judger, a bad judger entry, or a mapping naming a judger that is not
             configured.
     """
 
-    def __init__(self, judgers_config: dict, data_judger_mapping: dict) -> None:
+    def __init__(self, judgers_config: dict, data_judger_mapping: dict, reward_fn: str | None = None) -> None:
         if not judgers_config:
             raise ValueError("judgers_config: no judger configured (e.g. math_judger=dict(rule_only=True))")
         self._judgers = {n: parse_judger_settings(n, raw) for n, raw in judgers_config.items()}
@@ -119,11 +141,15 @@ class Router:
             for n, s in self._judgers.items()
             if s.hosts and not s.rule_only
         }
-        self._pool = RulePool(max(s.num_processes for s in self._judgers.values()))
+        # made absolute here, so that the workers find the file whatever their working folder
+        self._reward_fn = None if reward_fn is None else absolute_spec(reward_fn)
+        self._pool = RulePool(max(s.num_processes for s in self._judgers.values()),
+                              preload=() if self._reward_fn is None else (self._reward_fn,))
         self._threads = concurrent.futures.ThreadPoolExecutor(
             max_workers=max(s.max_concurrency for s in self._judgers.values()),
             thread_name_prefix="verifier",
         )
+        self._logged_failures: set[str] = set()  # reward_fn failure kinds already logged once
 
     def judge(self, items: list[JudgeItem]) -> JudgeOutcome:
         """Judge one step's samples concurrently.
@@ -131,8 +157,21 @@ class Router:
         Raises:
             ValueError: an item whose data_source has no entry in data_judger_mapping.
         """
-        counters = dict.fromkeys(COUNTER_KEYS, 0)
+        counters = dict.fromkeys(COUNTER_KEYS + (REWARD_FN_COUNTER_KEYS if self._reward_fn else ()), 0)
         rewards: list[float | None] = [None] * len(items)
+        if self._reward_fn is not None:
+            self._reward_fn_rewards(items, rewards, counters)
+        else:
+            self._rule_and_verifier_rewards(items, rewards, counters)
+        if counters["invalid_items"]:
+            log.warning("judger: %d of %d item(s) scored -1 unjudged: a question, response or gold"
+                        " answer that is not a string, or a blank gold answer",
+                        counters["invalid_items"], len(items))
+        return JudgeOutcome(rewards=[float(r) for r in rewards], counters=counters)
+
+    def _rule_and_verifier_rewards(self, items: list[JudgeItem], rewards: list[float | None],
+                                   counters: dict[str, int]) -> None:
+        """Steps 1-5 for every item, in place."""
         tasks, owners = self._rule_tasks(items, rewards, counters)
         calls = self._verifier_calls(items, tasks, owners, rewards, counters)
         for future, i in calls.items():
@@ -140,11 +179,43 @@ class Router:
             if grade is None:
                 counters["verifier_failures"] += 1
             rewards[i] = 1.0 if grade else -1.0
-        if counters["invalid_items"]:
-            log.warning("judger: %d of %d item(s) scored -1 unjudged: a question, response or gold"
-                        " answer that is not a string, or a blank gold answer",
-                        counters["invalid_items"], len(items))
-        return JudgeOutcome(rewards=[float(r) for r in rewards], counters=counters)
+
+    def _reward_fn_rewards(self, items: list[JudgeItem], rewards: list[float | None],
+                           counters: dict[str, int]) -> None:
+        """The reward_fn's reward for every judgeable item, in place; a failed call scores
+        FAILED_REWARD, counted, and the first of its kind is logged."""
+        tasks, owners = [], []
+        for i, item in enumerate(items):
+            if self._judgeable_or_scored(i, item, rewards, counters):
+                timeout_s = self._settings_for(item).rule_timeout_s
+                tasks.append(RewardTask(self._reward_fn, item.record_dict(), item.response_text, item.gold_answer,
+                                        timeout_s))
+                owners.append(i)
+        for j, answer in self._pool.run(tasks):
+            i = owners[j]
+            if answer is RuleVerdict.TIMED_OUT:
+                answer = RewardAnswer(None, "timeouts", f"ran past its CPU limit of {tasks[j].timeout_s:g} s"
+                                      " (rule_timeout_s; or its worker died)")
+            rewards[i] = answer.reward if answer.failure is None else self._failed(i, answer, counters)
+
+    def _failed(self, i: int, answer: RewardAnswer, counters: dict[str, int]) -> float:
+        """FAILED_REWARD for item i's failed call, counted; the first failure of each kind is logged."""
+        counters[f"reward_fn_{answer.failure}"] += 1
+        if answer.failure not in self._logged_failures:
+            self._logged_failures.add(answer.failure)
+            log.warning("reward_fn %s, sample %d of the batch: %s; scored %g (counted in judger_reward_fn_%s;"
+                        " later such failures are counted, not logged)",
+                        self._reward_fn, i, answer.detail, FAILED_REWARD, answer.failure)
+        return FAILED_REWARD
+
+    def _judgeable_or_scored(self, i: int, item: JudgeItem, rewards: list[float | None],
+                             counters: dict[str, int]) -> bool:
+        """True for an item that can be judged; any other gets reward -1 here (counted)."""
+        if _judgeable(item):
+            return True
+        rewards[i] = -1.0
+        counters["invalid_items"] += 1
+        return False
 
     def _rule_tasks(self, items: list[JudgeItem], rewards: list[float | None],
                     counters: dict[str, int]) -> tuple[list[RuleTask], list[int]]:
@@ -152,9 +223,7 @@ class Router:
         item of task j; the others get reward -1 here (counted)."""
         tasks, owners = [], []
         for i, item in enumerate(items):
-            if not _judgeable(item):
-                rewards[i] = -1.0
-                counters["invalid_items"] += 1
+            if not self._judgeable_or_scored(i, item, rewards, counters):
                 continue
             s = self._settings_for(item)
             text = prepare_text(item.response_text, s)

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from oreal_fast.algo import filter_one_pair, keep_all, select_trajectories
+from oreal_fast.algo import filter_one_pair, group_pass_rates, keep_all, select_trajectories
 
 K = 4
 # groups: mixed (c=1), all correct, mixed (c=3), all wrong, mixed (c=2)
@@ -62,3 +62,13 @@ def test_select_dispatch(flag):
 def test_bad_length_raises():
     with pytest.raises(ValueError, match="multiple of prompt_repeat_k"):
         filter_one_pair([1.0] * 5, K, random.Random(0))
+
+
+def test_correct_means_a_positive_reward():
+    """A reward_fn's float rewards: > 0 is correct (0.4, 2.5), anything else incorrect (0.0, -0.3); on
+    +1 / -1 this is the official reward == 1."""
+    rewards = [0.4, 0.0, -0.3, 2.5, 0.0, -1.0, -0.5, 0.0, 0.1, 0.2, 0.3, 0.4]  # mixed, all wrong, all correct
+    assert group_pass_rates(rewards, K) == [0.5, 0.0, 1.0]
+    rng = random.Random(5)
+    want = random.Random(5)
+    assert filter_one_pair(rewards, K, rng).indices == [want.choice([0, 3]), want.choice([1, 2])]

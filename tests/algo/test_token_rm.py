@@ -48,6 +48,16 @@ def test_rm_bce_hand_formula():
     assert got.item() == pytest.approx(want, rel=1e-6)
 
 
+def test_rm_target_is_one_for_a_positive_reward():
+    """A reward_fn's floats: y = 1 iff r > 0 (0.3 and 2.0 correct; 0.0 and -0.5 not); on +1 / -1 the
+    official int(max(r, 0))."""
+    m = torch.tensor([0.7, -0.2, 1.5, 0.0])
+    rewards = torch.tensor([0.3, 0.0, -0.5, 2.0])
+    want = (-math.log(_sigmoid(0.7)) - math.log(1 - _sigmoid(-0.2)) - math.log(1 - _sigmoid(1.5))
+            - math.log(0.5)) / 4
+    assert rm_bce_loss(m, rewards, torch.tensor(4)).item() == pytest.approx(want, rel=1e-6)
+
+
 def test_zero_head_gives_log2_and_zero_weights():
     s = torch.zeros(5)
     loss = rm_bce_loss(sequence_means(s, CU), torch.tensor([1.0, -1.0]), torch.tensor(2))

@@ -21,7 +21,7 @@ from oreal_fast.train import main
 
 
 class EvenLengthRouter:
-    def __init__(self, judgers_config, data_judger_mapping):
+    def __init__(self, judgers_config, data_judger_mapping, reward_fn=None):
         pass
 
     def judge(self, items):
