@@ -24,7 +24,12 @@ import sys
 import fire
 
 from oreal_fast.config import ConfigError, TrainConfig, config_from_values, load_config
+from oreal_fast.config_doc import handle_help
 from oreal_fast.train import usage_errors_exit
+
+
+ABOUT = ("Evaluates MODEL on held-out problems as the trainer's validation does, through the same rollout "
+         "engine and judger: greedy pass@1 and, with --k N, sampled pass@1 and pass@N.")
 
 
 def settings(model: str, datasets: str | list[str] | None, config: str | None, k: int | None,
@@ -85,7 +90,18 @@ def format_table(report: dict) -> str:
 
 def _run(model: str, datasets: str | list[str] | None = None, config: str | None = None, k: int | None = None,
          max_problems: int | None = None, out: str = "eval_results.json", **overrides: object) -> None:
-    """Evaluates MODEL; see the module docstring."""
+    """Evaluates MODEL; see the module docstring. ``--help`` lists these arguments and the config keys.
+
+    Args:
+        model: the policy: a local HF folder (a run's hf-N), a hub id, a .gguf file or package://.
+        datasets: the problems, in any form of the datasets key (a .jsonl path, a dataset id, a list);
+            default: the config's val_datasets (required without --config).
+        config: a training config whose settings (chat template, stop word, sampling, judgers, seed,
+            device, dtype) the evaluation uses; default: the config defaults with a rule-only math judger.
+        k: N samples per problem for sampled pass@1 and pass@N; default: greedy pass@1 only.
+        max_problems: keep the first N problems; default: all.
+        out: the JSON report (settings, metrics, every problem's responses and verdicts).
+    """
     with usage_errors_exit():
         report = evaluate_model(settings(model, datasets, config, k, max_problems, overrides))
     print(format_table(report))
@@ -96,7 +112,10 @@ def _run(model: str, datasets: str | list[str] | None = None, config: str | None
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point; ``argv`` defaults to ``sys.argv[1:]``."""
-    fire.Fire(_run, command=sys.argv[1:] if argv is None else argv, name="oreal_fast.eval")
+    argv = sys.argv[1:] if argv is None else argv
+    if handle_help(argv, "oreal_fast.eval", _run, ABOUT, hidden=("actor",)):  # MODEL is the actor
+        return
+    fire.Fire(_run, command=argv, name="oreal_fast.eval")
 
 
 if __name__ == "__main__":
