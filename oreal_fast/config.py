@@ -622,10 +622,15 @@ def _check_validation(c: _Checker, cfg: TrainConfig) -> None:
         c.fail("val_max_problems", f"must be None or an int >= 1, got {cfg.val_max_problems}")
     # asking for a validation without problems would silently do nothing (the sample count and the
     # problem cap only say how to validate: like rl_global_batch, unused when there is nothing to do);
-    # but --val_datasets None on the command line turns a config's validation off as a whole
+    # but --val_datasets None on the command line turns a config's validation off as a whole: the
+    # file's requests are reset to off, so that the resolved config says (and reloads to) what runs
     off_on_command_line = "val_datasets" in c.overridden
     for key, asked in (("val_interval", cfg.val_interval > 0), ("val_before_train", cfg.val_before_train)):
-        if asked and cfg.val_datasets is None and (key in c.overridden or not off_on_command_line):
+        if not asked or cfg.val_datasets is not None:
+            continue
+        if off_on_command_line and key not in c.overridden:
+            setattr(cfg, key, _FIELDS[key].default)
+        else:
             c.fail(key, f"{getattr(cfg, key)!r} asks for validation but val_datasets is None "
                    f"(set val_datasets, or {key} = {_FIELDS[key].default!r})")
 

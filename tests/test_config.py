@@ -222,7 +222,7 @@ def test_val_datasets_none_on_the_command_line_turns_validation_off(tmp_path):
            "val_before_train = True\nval_interval = 2\n")
     path = _write(tmp_path, val)
     cfg = load_config(path, {"val_datasets": None})
-    assert cfg.val_datasets is None
+    assert (cfg.val_datasets, cfg.val_before_train, cfg.val_interval) == (None, False, 0)
     # asking for validation on the same command line, or in a file without held-out problems, is still an error
     with pytest.raises(ConfigError, match=r"val_before_train in .* \(set on the command line\): True asks for"):
         load_config(path, {"val_datasets": None, "val_before_train": True})
