@@ -251,7 +251,8 @@ class TrainConfig:
     # --- validation (not in the official trainer, which evaluates checkpoints separately) ---
     val_datasets: str | dict | list[str | dict] | None = None
     """Held-out problems, same forms as datasets, not difficulty-balanced; None = no validation (else it
-    runs after the last step at least)."""
+    runs after the last step at least). --val_datasets None on the command line turns a config's
+    validation off, its val_interval and val_before_train with it."""
     val_interval: int = 0
     """Also validate after every N steps, N >= 0; 0 = only after the last step (and before step 1 if asked)."""
     val_before_train: bool = False
