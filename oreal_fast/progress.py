@@ -6,7 +6,8 @@ they finished (`Progress.add`) where they already hold host values: the plain sa
 decode step, the paged engine at the end of each prefill chunk and decode round (its one host sync
 per round), the RL phase after queueing each micro-batch. `Progress.line` formats the counts with
 their rate and the phase's elapsed time; `ProgressTicker` redraws a progress bar with it every few
-seconds from a thread of its own, so the line moves even while one long forward runs. Subscribers
+seconds (every half minute into a log file) from a thread of its own, so the line moves even while
+one long forward runs. Subscribers
 (`Progress.subscribe`) see every change as a `PhaseCounts`.
 
 Not here: what a phase is and when it starts (the trainer), anything on a device.
@@ -20,8 +21,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TextIO
 
-REFRESH_S = 2.0  # how often the ticker redraws the bar
+REFRESH_S = 2.0  # how often the ticker redraws the bar on a terminal
+LOG_REFRESH_S = 30.0  # and into a file or pipe, where each redraw stays as a line of the log
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,11 @@ class Progress:
             counts = self.counts()
             for listener in self._listeners:
                 listener(counts)
+
+
+def refresh_interval(stream: TextIO) -> float:
+    """`REFRESH_S` when ``stream`` is a terminal, else `LOG_REFRESH_S`."""
+    return REFRESH_S if stream.isatty() else LOG_REFRESH_S
 
 
 class ProgressTicker:

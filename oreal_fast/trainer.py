@@ -56,7 +56,7 @@ from oreal_fast.judge import Router
 from oreal_fast.metrics import MetricsWriter, SilentMetrics, dump_trajectories, trajectory_rows
 from oreal_fast.optimizers import build_optimizers
 from oreal_fast.parallel import DataParallel, close_data_parallel, full_weights, init_data_parallel
-from oreal_fast.progress import Progress, ProgressTicker
+from oreal_fast.progress import Progress, ProgressTicker, refresh_interval
 from oreal_fast.rl_step import MicroStepSums, RLSettings, rl_phase
 from oreal_fast.rollout import RolloutEngine, build_rollout, sampling_params
 from oreal_fast.run_dir import CheckpointWriteError
@@ -268,7 +268,7 @@ class Trainer:
                          total=self.total_steps, desc="oreal", unit="step", file=sys.stderr,
                          disable=not self.dp.is_main)
         if self.dp.is_main:
-            self._ticker = ProgressTicker(self._redraw)
+            self._ticker = ProgressTicker(self._redraw, interval=refresh_interval(sys.stderr))
         try:
             if self.evaluator is not None and self.cfg.val_before_train and self.start_step == 0:
                 self.validate(0)

@@ -1,8 +1,9 @@
 """The progress line of a phase, its counts on a fake clock, and the ticker that redraws it."""
 
+import io
 import threading
 
-from oreal_fast.progress import PhaseCounts, Progress, ProgressTicker
+from oreal_fast.progress import LOG_REFRESH_S, REFRESH_S, PhaseCounts, Progress, ProgressTicker, refresh_interval
 
 
 class FakeClock:
@@ -67,3 +68,12 @@ def test_ticker_redraws_from_its_own_thread_until_closed():
     assert set(redraws) == {"oreal-progress"}
     threading.Event().wait(0.05)
     assert len(redraws) == count  # nothing after close
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_redraws_are_rarer_into_a_log_file():
+    assert refresh_interval(Terminal()) == REFRESH_S < LOG_REFRESH_S == refresh_interval(io.StringIO())
