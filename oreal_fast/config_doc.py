@@ -22,6 +22,7 @@ import dataclasses
 import difflib
 import functools
 import inspect
+import os
 import re
 import sys
 import textwrap
@@ -252,7 +253,7 @@ def handle_help(argv: list[str], prog: str, command: Callable, about: str, hidde
     options = command_options(command, hidden)
     keys = _settable_keys(command, options, hidden)
     if name is None:
-        print(full_help(prog, options, about, keys))
+        _print(full_help(prog, options, about, keys))
         return True
     own = next((o for o in options if o.name == name), None)
     key = next((k for k in keys if k.name == name), None)
@@ -263,8 +264,16 @@ def handle_help(argv: list[str], prog: str, command: Callable, about: str, hidde
         print(f"{prog}: --help {name}: no such option or config key{hint} (--help alone lists them all)",
               file=sys.stderr)
         sys.exit(2)
-    print(option_help(own) if own is not None else key_help(key))
+    _print(option_help(own) if own is not None else key_help(key))
     return True
+
+
+def _print(text: str) -> None:
+    """Prints to stdout; a reader that closes the pipe early (``--help | head``) ends it quietly."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
 
 
 def _settable_keys(command: Callable, options: list[OptionDoc], hidden: tuple[str, ...]) -> tuple[KeyDoc, ...]:
