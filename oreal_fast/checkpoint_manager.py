@@ -7,7 +7,8 @@ verifies and loads it (a state that does not verify or load is a config error na
 trainer has built the stateful objects (`TrainState`: models, optimisers and LR schedules, prompt
 sampler, sampling generator), `attach` hands them over and restores them (a new ``total_steps``
 replays the official LR stepping), `check_disk` refuses a start whose checkpoints the filesystem
-cannot hold, and `open_run_folder` makes a fresh run's folder on rank 0. During the run `save`
+cannot hold, `open_run_folder` makes a fresh run's folder on rank 0 and `save_config` writes the
+resolved config into it (a resume writes its own beside the first). During the run `save`
 writes ``hf-N`` and the resume state; after a stop `save_after_stop` and `on_disk` say what a resume
 starts from.
 
@@ -222,6 +223,22 @@ class CheckpointManager:
             self._fresh = True
         self.run_dir = broadcast_from_main(self.dp, self.run.path if self.dp.is_main else None)
         return self.run_dir
+
+    def save_config(self, text: str) -> str:
+        """Writes the run's resolved config ``text`` (a config file) into the run folder on rank 0;
+        returns its path.
+
+        A fresh run writes ``config.py``. A resumed run leaves that file as it is and writes
+        ``config.resume-N.py`` beside it (N = steps done when it resumed), so each invocation's
+        settings stay on disk; a later resume from the same state replaces that file on purpose,
+        since it redoes every step the invocation it describes ran.
+        """
+        name = f"config.resume-{self.start_step}.py" if self.resumed else "config.py"
+        path = os.path.join(self.run_dir, name)
+        if self.dp.is_main:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+        return path
 
     @contextlib.contextmanager
     def first_writes(self) -> Iterator[None]:

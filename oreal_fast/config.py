@@ -41,8 +41,26 @@ COMPATIBILITY_ONLY = {
     "rl_global_batch": (None, "the official RL sampler's batch; every kept sample is trained once per step"),
 }
 
+# Keys that take one of a few names (checked at load; --help and docs/config.md list them).
+CHOICES = {
+    "dtype": ("auto", "bf16", "fp16", "fp32"), "rollout_engine": ("auto", "paged", "plain"),
+    "reward_shaping_type": ("rloo", "grpo"), "kl_type": ("kl", "unbias", "mse"),
+    "loss_impl": ("auto", "triton", "eager"), "trunk_kernels": ("auto", "triton", "eager"),
+    "loss_kernel": ("linear_logprob", "fused_oreal_loss"), "device": ("auto", "cpu", "cuda"),
+}
+
+# Int keys and their lowest allowed value (checked at load; --help and docs/config.md list them).
+AT_LEAST = {
+    "tp_size": 1, "sp_size": 1, "num_workers": 0, "gen_global_batch": 1, "gen_max_new": 1,
+    "gen_max_length": 2, "gen_top_k": 0, "max_prefill_batch": 1, "prompt_repeat_k": 2,
+    "kv_block_size": 1, "max_num_seqs": 1, "max_prefill_tokens": 1, "decode_steps_per_round": 1,
+    "rl_global_batch": 1, "rl_mirco_batch": 1, "rl_micro_batch_tokens": 0, "warmup_steps": 0, "rm_warmup_steps": 0,
+    "total_steps": 1, "actor_freeze_steps": 0, "log_interval": 1, "seed": 0, "keep_resume_states": 0,
+    "val_interval": 0, "val_samples_per_problem": 0,
+}
+
 # Keys that default to another key's value when absent (the official ``args.get(key, other)``).
-_DEFAULTS_FROM = {
+DEFAULTS_FROM = {
     "reference": "actor",
     "rl_global_batch": "gen_global_batch",
     "rm_warmup_steps": "warmup_steps",
@@ -246,7 +264,8 @@ class TrainConfig:
     # --- validation (not in the official trainer, which evaluates checkpoints separately) ---
     val_datasets: str | dict | list[str | dict] | None = None
     """Held-out problems, same forms as datasets, not difficulty-balanced; None = no validation (else it
-    runs after the last step at least)."""
+    runs after the last step at least). --val_datasets None on the command line turns a config's
+    validation off, its val_interval and val_before_train with it."""
     val_interval: int = 0
     """Also validate after every N steps, N >= 0; 0 = only after the last step (and before step 1 if asked)."""
     val_before_train: bool = False
@@ -406,14 +425,14 @@ def _validate(raw: dict[str, Any], path: str, overridden: set[str]) -> TrainConf
         if key not in raw:
             c.fail(key, "missing; every config must set it")
     values = dict(raw)
-    for key, other in _DEFAULTS_FROM.items():
+    for key, other in DEFAULTS_FROM.items():
         if values.get(key) is None and other in values:
             values[key] = values[other]
     hints = typing.get_type_hints(TrainConfig)
     for key, value in values.items():
         values[key] = _check_type(c, key, value, hints[key])
     cfg = TrainConfig(**values, config_path=path)
-    for key, other in _DEFAULTS_FROM.items():  # when the source key was absent too
+    for key, other in DEFAULTS_FROM.items():  # when the source key was absent too
         if getattr(cfg, key) is None:
             setattr(cfg, key, getattr(cfg, other))
     _check_ranges(c, cfg)
@@ -504,14 +523,7 @@ def _check_buckets(c: _Checker, value: Any) -> list[tuple[tuple[float, float], i
 
 
 def _check_ranges(c: _Checker, cfg: TrainConfig) -> None:
-    at_least = {
-        "tp_size": 1, "sp_size": 1, "num_workers": 0, "gen_global_batch": 1, "gen_max_new": 1,
-        "gen_max_length": 2, "gen_top_k": 0, "max_prefill_batch": 1, "prompt_repeat_k": 2,
-        "rl_global_batch": 1, "rl_mirco_batch": 1, "rl_micro_batch_tokens": 0, "warmup_steps": 0, "rm_warmup_steps": 0,
-        "total_steps": 1, "actor_freeze_steps": 0, "log_interval": 1, "seed": 0,
-        "keep_resume_states": 0,
-    }
-    for key, low in at_least.items():
+    for key, low in AT_LEAST.items():
         if getattr(cfg, key) < low:
             c.fail(key, f"must be an int >= {low}, got {getattr(cfg, key)}")
     if cfg.seed >= 2**32:
@@ -538,14 +550,7 @@ def _check_ranges(c: _Checker, cfg: TrainConfig) -> None:
 
 def _check_choices(c: _Checker, cfg: TrainConfig) -> None:
     """Named options, non-empty names, local model paths that exist, what is not implemented."""
-    choices = {
-        "dtype": ("auto", "bf16", "fp16", "fp32"), "reward_shaping_type": ("rloo", "grpo"),
-        "kl_type": ("kl", "unbias", "mse"), "loss_impl": ("auto", "triton", "eager"),
-        "trunk_kernels": ("auto", "triton", "eager"),
-        "loss_kernel": ("linear_logprob", "fused_oreal_loss"),
-        "device": ("auto", "cpu", "cuda"),
-    }
-    for key, allowed in choices.items():
+    for key, allowed in CHOICES.items():
         if getattr(cfg, key) not in allowed:
             c.fail(key, f"must be one of {', '.join(allowed)}; got {getattr(cfg, key)!r}")
     for key in ("actor", "reference", "stop_word", "work_dir"):
@@ -568,14 +573,9 @@ def _looks_like_path(ref: str) -> bool:
 
 
 def _check_rollout_engine(c: _Checker, cfg: TrainConfig) -> None:
-    if cfg.rollout_engine not in ("auto", "paged", "plain"):
-        c.fail("rollout_engine", f"must be one of auto, paged, plain; got {cfg.rollout_engine!r}")
     if cfg.kv_cache_gib is not None and not (math.isfinite(cfg.kv_cache_gib) and cfg.kv_cache_gib > 0):
         c.fail("kv_cache_gib", f"must be None or a finite float > 0 (GiB), got {cfg.kv_cache_gib}")
     _in_range(c, cfg, "kv_cache_memory_fraction", 0.0, 1.0, "(0, 1]", lambda v, lo, hi: lo < v <= hi)
-    for key in ("kv_block_size", "max_num_seqs", "max_prefill_tokens", "decode_steps_per_round"):
-        if getattr(cfg, key) < 1:
-            c.fail(key, f"must be an int >= 1, got {getattr(cfg, key)}")
 
 
 def _in_range(c: _Checker, cfg: TrainConfig, key: str, lo: float, hi: float, text: str, ok) -> None:
@@ -595,10 +595,12 @@ def _check_combinations(c: _Checker, cfg: TrainConfig) -> None:
     if cfg.token_level_rm_lr_min > cfg.token_level_rm_lr:
         c.fail("token_level_rm_lr_min",
                f"{cfg.token_level_rm_lr_min} is above the peak token_level_rm_lr = {cfg.token_level_rm_lr}")
-    # The cosine phase has T_max = total_steps - warmup, and T_max = 0 divides by zero (reference 4.13).
-    for key in ("warmup_steps", "rm_warmup_steps"):
-        if getattr(cfg, key) >= cfg.total_steps:
-            c.fail(key, f"{getattr(cfg, key)} must be < total_steps = {cfg.total_steps}")
+    # The cosine phase runs the steps after the actor's warmup_steps, each model with T_max = total_steps
+    # - its warmup, and T_max <= 0 divides by zero (reference 4.13). A run that ends within the actor's
+    # warmup never reaches it (the official trainer too): `--total_steps 1` is a valid smoke run.
+    if cfg.warmup_steps < cfg.total_steps - 1 and cfg.rm_warmup_steps >= cfg.total_steps:
+        c.fail("rm_warmup_steps", f"{cfg.rm_warmup_steps} must be < total_steps = {cfg.total_steps}: the cosine "
+               f"phase starts after warmup_steps = {cfg.warmup_steps}")
     if cfg.token_level_rm is not None:
         if not cfg.threshold_rescale and not cfg.topk_rescale:
             c.fail("token_level_rm", "a token-level RM is set but threshold_rescale and topk_rescale "
@@ -642,15 +644,19 @@ def _check_device(c: _Checker, cfg: TrainConfig) -> None:
 
 
 def _check_validation(c: _Checker, cfg: TrainConfig) -> None:
-    for key in ("val_interval", "val_samples_per_problem"):
-        if getattr(cfg, key) < 0:
-            c.fail(key, f"must be an int >= 0, got {getattr(cfg, key)}")
     if cfg.val_max_problems is not None and cfg.val_max_problems < 1:
         c.fail("val_max_problems", f"must be None or an int >= 1, got {cfg.val_max_problems}")
     # asking for a validation without problems would silently do nothing (the sample count and the
-    # problem cap only say how to validate: like rl_global_batch, unused when there is nothing to do)
+    # problem cap only say how to validate: like rl_global_batch, unused when there is nothing to do);
+    # but --val_datasets None on the command line turns a config's validation off as a whole: the
+    # file's requests are reset to off, so that the resolved config says (and reloads to) what runs
+    off_on_command_line = "val_datasets" in c.overridden
     for key, asked in (("val_interval", cfg.val_interval > 0), ("val_before_train", cfg.val_before_train)):
-        if asked and cfg.val_datasets is None:
+        if not asked or cfg.val_datasets is not None:
+            continue
+        if off_on_command_line and key not in c.overridden:
+            setattr(cfg, key, _FIELDS[key].default)
+        else:
             c.fail(key, f"{getattr(cfg, key)!r} asks for validation but val_datasets is None "
                    f"(set val_datasets, or {key} = {_FIELDS[key].default!r})")
 

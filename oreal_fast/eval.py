@@ -31,11 +31,14 @@ import sys
 import fire
 
 from oreal_fast.config import ConfigError, TrainConfig, config_from_values, load_config
+from oreal_fast.config_doc import handle_help
 from oreal_fast.data.sources import GymSource, Source, parse_sources
 from oreal_fast.eval_presets import PRESETS, get_preset
 from oreal_fast.evaluator import CONFIDENCE, EvalResult
 from oreal_fast.train import usage_errors_exit
 
+ABOUT = ("Evaluates MODEL on a standard set (--preset) or held-out problems (--datasets), through the "
+         "trainer's rollout engine and judger: greedy pass@1, mean@k and unbiased pass@k with intervals.")
 INTERVALS = (f"{CONFIDENCE:.0%} intervals over problems: Wilson score interval for greedy pass@1; "
              "mean +- 1.96 standard errors (clipped to [0, 1]) for mean@n and pass@k")
 
@@ -189,7 +192,10 @@ def _run(model: str, preset: str | None = None, datasets: str | list | dict | No
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point; ``argv`` defaults to ``sys.argv[1:]``."""
-    fire.Fire(_run, command=sys.argv[1:] if argv is None else argv, name="oreal_fast.eval")
+    argv = sys.argv[1:] if argv is None else argv
+    if handle_help(argv, "oreal_fast.eval", _run, ABOUT, hidden=("actor",)):  # MODEL is the actor
+        return
+    fire.Fire(_run, command=argv, name="oreal_fast.eval")
 
 
 if __name__ == "__main__":

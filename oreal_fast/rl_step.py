@@ -25,7 +25,7 @@ Invariant: every returned value is a 0-d tensor on the model's device that SUMs 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, repeat
 from typing import Any, NamedTuple
 
 import torch
@@ -46,6 +46,7 @@ from oreal_fast.algo import (
 from oreal_fast.kernels import fused_oreal_loss, linear_logprob
 from oreal_fast.model.decoder import Decoder, TokenRewardModel
 from oreal_fast.parallel import DataParallel, sum_over_ranks
+from oreal_fast.progress import Progress
 from oreal_fast.runtime import Precision, RLModels, resolve_kernel_impl
 from oreal_fast.trajectories import (RLMicroBatch, Trajectory, iter_micro_batches, make_micro_batches,
                                      plan_micro_batches)
@@ -204,7 +205,7 @@ def rl_micro_step(
 
 def rl_phase(
     models: RLModels, kept: list[Trajectory], settings: RLSettings, *, micro_batch_size: int,
-    token_budget: int, update_actor: bool, dp: DataParallel = DataParallel(),
+    token_budget: int, update_actor: bool, dp: DataParallel = DataParallel(), progress: Progress | None = None,
 ) -> MicroStepSums:
     """Global normalisers, then every micro-batch of this rank's share in kept order with gradient
     accumulation (4.7-4.11).
@@ -219,6 +220,8 @@ def rl_phase(
     Args:
         kept: the step's kept trajectories (at least one), the same list on every rank.
         micro_batch_size, token_budget: the split (``trajectories.plan_micro_batches``).
+        progress: told this rank's micro-batch count, then each micro-batch and its tokens once its
+            work is queued (on a GPU the host runs about one micro-batch ahead).
 
     Returns:
         The step's sums over all micro-batches of all ranks (0-d device tensors).
@@ -231,10 +234,16 @@ def rl_phase(
              for share in (DataParallel(r, dp.world_size).share(kept) for r in range(dp.world_size))]
     num_pad = max(len(plan) for plan in plans) - len(plans[dp.rank])
     pads = make_micro_batches(kept[:1], [range(1)], device) * num_pad if num_pad else []
+    share = dp.share(kept)
+    tokens = [sum(share[i].num_tokens for i in group) for group in plans[dp.rank]]
+    progress = progress or Progress()
+    progress.expect(len(tokens) + num_pad, "micro-batches")
     # packed one at a time, each while the GPU still runs the one before (iter_micro_batches)
-    micro_batches = iter_micro_batches(dp.share(kept), plans[dp.rank], device)
+    micro_batches = iter_micro_batches(share, plans[dp.rank], device)
+    work = chain(zip(micro_batches, repeat(False), tokens), ((m, True, 0) for m in pads))
     total = None
-    for micro, pad in chain(((m, False) for m in micro_batches), ((m, True) for m in pads)):
+    for micro, pad, num_tokens in work:
         sums = rl_micro_step(models, micro, norm, settings, update_actor=update_actor, pad=pad)
         total = sums if total is None else MicroStepSums(*(a + b for a, b in zip(total, sums)))
+        progress.add(done=1, tokens=num_tokens)
     return MicroStepSums(*sum_over_ranks(dp, list(total)))

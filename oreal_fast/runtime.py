@@ -24,6 +24,7 @@ optimiser states are fp32 (``MASTER_DTYPE``), everything a forward computes is `
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,8 @@ from oreal_fast.model.decoder import EAGER_OPS, Decoder, TokenRewardModel, Trunk
 from oreal_fast.model.hf_io import load_decoder, load_token_rm, load_tokenizer
 from oreal_fast.parallel import DataParallel, parallelize
 from oreal_fast.recompute import apply_recompute_plan
+
+log = logging.getLogger("oreal_fast")
 
 # Trained weights stay fp32 masters, and AdamW's moments take their dtype (reference 1.1).
 MASTER_DTYPE = torch.float32
@@ -144,6 +147,7 @@ def model_ref_errors(cfg: TrainConfig, key: str) -> Iterator[None]:
 
 def load_chat_tokenizer(cfg: TrainConfig) -> tuple[Any, int]:
     """The actor's tokenizer with the config's chat template, and the stop word's token id."""
+    log.info(f"loading the tokenizer of actor {cfg.actor}")
     with model_ref_errors(cfg, "actor"):
         tokenizer = load_tokenizer(cfg.actor)
     if cfg.chat_template is not None:
@@ -162,6 +166,7 @@ def prepare_model(model: torch.nn.Module, trunk: Decoder, runtime: Runtime) -> N
 def load_frozen(cfg: TrainConfig, key: str, runtime: Runtime, trunk_ops: TrunkOps = EAGER_OPS) -> Decoder:
     """The model config ``key`` names (``actor`` or ``reference``), in the compute dtype, frozen,
     in eval mode; its rope table must cover ``gen_max_length``."""
+    log.info(f"loading {key} {getattr(cfg, key)} (frozen, {runtime.compute_dtype}, {runtime.device})")
     with model_ref_errors(cfg, key):
         model = load_decoder(getattr(cfg, key), dtype=runtime.compute_dtype, device=runtime.device,
                              trunk_ops=trunk_ops)
@@ -180,12 +185,14 @@ def load_rl_models(cfg: TrainConfig, runtime: Runtime) -> tuple[RLModels, str]:
     """
     device, compute = runtime.device, runtime.compute_dtype
     ops = trunk_ops_for(cfg.trunk_kernels, device)
+    log.info(f"loading actor {cfg.actor} (trained: {MASTER_DTYPE} masters, {device})")
     with model_ref_errors(cfg, "actor"):
         actor = load_decoder(cfg.actor, dtype=MASTER_DTYPE, device=device, compute_dtype=compute, trunk_ops=ops)
     _check_rope(cfg, "actor", actor)
     reference = load_frozen(cfg, "reference", runtime, trunk_ops=ops)
     token_rm = None
     if cfg.token_level_rm is not None:
+        log.info(f"loading token_level_rm {cfg.token_level_rm} (trained: {MASTER_DTYPE} masters, {device})")
         with model_ref_errors(cfg, "token_level_rm"):
             token_rm = load_token_rm(cfg.token_level_rm, dtype=MASTER_DTYPE, device=device, compute_dtype=compute,
                                      trunk_ops=ops)

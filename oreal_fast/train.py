@@ -3,8 +3,10 @@
 
 Overrides are parsed as python-fire parses keyword arguments (``--total_steps 90`` is an int,
 ``--token_level_rm None`` is None, ``--datasets '["a.jsonl","b.jsonl"]'`` a list), then type-checked
-with the rest of the config. Every way a run can end early ends in one line on stderr, never a
-traceback:
+with the rest of the config. ``--smoke`` is a one-step run of the config (`SMOKE`); ``--help`` lists
+every option and config key (``--help KEY`` one in full, ``oreal_fast.config_doc``) and exits 0,
+before python-fire sees the command line. Every way a run can end early ends in one line on stderr,
+never a traceback:
   exit 2    a bad config, or a check that can only run later (the stop word needs the tokenizer,
             the prompt files, the models, the resume state, the work_dir and its free space);
             bad prompt data. Nothing is left in work_dir.
@@ -26,6 +28,7 @@ import sys
 import fire
 
 from oreal_fast.config import ConfigError, load_config
+from oreal_fast.config_doc import handle_help
 from oreal_fast.data.prompts import DataError
 from oreal_fast.interrupt import StopRun, StopSignals
 from oreal_fast.oom import StepOutOfMemory
@@ -34,6 +37,11 @@ from oreal_fast.run_dir import CheckpointWriteError
 CONFIG_ERROR_EXIT = 2
 WRITE_ERROR_EXIT = 1
 OUT_OF_MEMORY_EXIT = 3
+
+# --smoke: one step of the config as it is, without validation or resume states (keys given beside it win)
+SMOKE = {"total_steps": 1, "val_datasets": None, "keep_resume_states": 0}
+ABOUT = ("Trains with OREAL as the config file CONFIG says, from its models and prompts to its checkpoints "
+         "under work_dir; the run folder is printed at start and holds the resolved config (config.py).")
 
 
 @contextlib.contextmanager
@@ -65,8 +73,16 @@ def _continue_command(argv: list[str], resume_dir: str | None) -> str:
     return shlex.join([os.path.basename(sys.executable), "-m", "oreal_fast.train", *args])
 
 
-def _run(argv: list[str], config: str, **overrides: object) -> None:
-    """Loads CONFIG with the --key value overrides and trains."""
+def _run(argv: list[str], config: str, smoke: bool = False, **overrides: object) -> None:
+    """Loads CONFIG with the --KEY VALUE overrides and trains.
+
+    Args:
+        config: the config file, a Python file of ``key = value`` lines (e.g. configs/demo.py).
+        smoke: a short smoke run: one step of the config as it is, no validation, no resume state (the same as
+            --total_steps 1 --val_datasets None --keep_resume_states 0; a key given beside it wins).
+    """
+    if smoke:
+        overrides = {**SMOKE, **overrides}
     stop = StopSignals()
     with stop.installed():
         try:
@@ -92,7 +108,10 @@ def _run(argv: list[str], config: str, **overrides: object) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point; ``argv`` defaults to ``sys.argv[1:]``."""
     argv = sys.argv[1:] if argv is None else argv
-    fire.Fire(lambda config, **overrides: _run(argv, config, **overrides), command=argv, name="oreal_fast.train")
+    if handle_help(argv, "oreal_fast.train", _run, ABOUT, hidden=("argv",)):
+        return
+    fire.Fire(lambda config, smoke=False, **overrides: _run(argv, config, smoke, **overrides), command=argv,
+              name="oreal_fast.train")
 
 
 if __name__ == "__main__":

@@ -46,7 +46,9 @@ from oreal_fast import oom
 from oreal_fast.algo import compute_advantages, select_trajectories
 from oreal_fast.checkpoint_manager import CheckpointManager, TrainState
 from oreal_fast.config import TrainConfig, compatibility_notes
-from oreal_fast.data.step_prompts import PromptSource
+from oreal_fast.config_doc import config_file_text
+from oreal_fast.data.prompts import PromptRecord, load_prompt_records
+from oreal_fast.data.step_prompts import PromptSource, load_training_records
 from oreal_fast.evaluator import Evaluator, validation_due
 from oreal_fast.health import health_counters
 from oreal_fast.interrupt import StopRun, StopSignals
@@ -54,6 +56,7 @@ from oreal_fast.judge import Router
 from oreal_fast.metrics import MetricsWriter, SilentMetrics, dump_trajectories, trajectory_rows
 from oreal_fast.optimizers import build_optimizers
 from oreal_fast.parallel import DataParallel, close_data_parallel, full_weights, init_data_parallel
+from oreal_fast.progress import Progress, ProgressTicker, refresh_interval
 from oreal_fast.rl_step import MicroStepSums, RLSettings, rl_phase
 from oreal_fast.rollout import RolloutEngine, build_rollout, sampling_params
 from oreal_fast.run_dir import CheckpointWriteError
@@ -79,21 +82,25 @@ class Trainer:
     is the command line's signal handling; without it nothing ever stops the run early. ``dp`` is
     this process's data-parallel rank (``parallel.init_data_parallel``; rank 0 of 1 by default).
 
-    A fresh run's folder is created only once everything has loaded and the disk has room for a
-    checkpoint, so a start that fails leaves nothing behind; a resumed run locks its folder first.
+    The data is read first, then the tokenizer and the models load (each load logs a line). A fresh
+    run's folder is created only once everything has loaded and the disk has room for a checkpoint,
+    so a start that fails leaves nothing behind; a resumed run locks its folder first. Either way
+    the folder's path is logged then, and the resolved config saved in it before step 1.
     """
 
     def __init__(self, cfg: TrainConfig, *, rollout: RolloutEngine | None = None, router: Router | None = None,
                  stop: StopSignals | None = None, dp: DataParallel = DataParallel()) -> None:
         self.cfg, self.stop, self.dp = cfg, stop or StopSignals(), dp
+        self.progress = Progress()  # what the current phase has done; the progress bar shows it
         self.runtime = build_runtime(cfg, dp)  # device, compute dtype, kernels' impl
         self.device = self.runtime.device
+        records = self._read_data()  # the data fails before anything loads
         self.checkpoints = CheckpointManager.open(cfg, dp)  # a resume is chosen and verified first
         set_random_seed(cfg.seed)
         self.tokenizer, stop_token_id = load_chat_tokenizer(cfg)
         self.sampling_params = sampling_params(cfg, stop_token_id)
-        self.prompts = PromptSource(cfg, self.tokenizer)
-        # held-out problems load (and fail) before any model does
+        self.prompts = PromptSource(cfg, self.tokenizer, records)
+        # held-out prompts are rendered (and fail) before any model loads
         self.evaluator = (Evaluator.from_config(cfg, tokenizer=self.tokenizer, stop_token_id=stop_token_id,
                                                 device=self.device) if cfg.val_datasets is not None else None)
         self.total_steps = min(cfg.total_steps, self.prompts.sampler.num_steps)  # official cap (3.4)
@@ -111,21 +118,40 @@ class Trainer:
         # built after the restore: an engine copies the (restored) actor and sizes its pool from the memory left
         self.rollout = rollout or build_rollout(
             cfg, self.models.actor, compute_dtype=self.runtime.compute_dtype, num_sessions=cfg.gen_global_batch,
-            optimizers=self.optimizers.all(), data_parallel=dp.enabled)
+            optimizers=self.optimizers.all(), data_parallel=dp.enabled, progress=self.progress)
         self.checkpoints.check_disk()
         self._open_outputs([models_note])
-        self._progress: tqdm | None = None  # the progress bar, while fit() runs
+        self._bar: tqdm | None = None  # the progress bar and its redraw thread, while fit() runs
+        self._ticker: ProgressTicker | None = None
         self._last_summary = "starting"
         self._done = self.start_step  # steps finished
 
+    def _read_data(self) -> list[PromptRecord]:
+        """The training prompts, and a first read of the held-out problems that checks them (the
+        evaluator reads them again, with the tokenizer): a bad file stops the run before the
+        tokenizer or any model loads."""
+        cfg = self.cfg
+        log.info(f"reading the prompts: datasets = {cfg.datasets!r}")
+        records = load_training_records(cfg)
+        if cfg.val_datasets is not None:
+            log.info(f"reading the held-out problems: val_datasets = {cfg.val_datasets!r}")
+            held_out = load_prompt_records(cfg.val_datasets, max_prompts=cfg.val_max_problems)
+            log.info(f"held-out problems: {len(held_out)}")
+        return records
+
     def _open_outputs(self, notes: list[str]) -> None:
-        """The run folder (a fresh one only now that everything has loaded), its metrics files, and
-        the start-up notes (``notes``, the config's and the checkpoints') in its text log."""
+        """The run folder (a fresh one only now that everything has loaded) with the resolved config,
+        its metrics files, and the start-up notes (``notes``, the config's and the checkpoints') in
+        its text log."""
         self.run_dir = self.checkpoints.open_run_folder()
         with self.checkpoints.first_writes():
+            resumed = self.checkpoints.resumed
+            origin = f"run {self.run_dir}" + (f", resumed after step {self.start_step}" if resumed else "")
+            config_file = self.checkpoints.save_config(config_file_text(self.cfg, origin))
             self.metrics = (MetricsWriter(self.run_dir, log_interval=self.cfg.log_interval,
                                           report_to=self.cfg.report_to, config=self.cfg.to_dict())
                             if self.dp.is_main else SilentMetrics())
+        log.info(f"run folder: {self.run_dir} ({'resumed' if resumed else 'new'}); resolved config: {config_file}")
         if self.checkpoints.resumed:
             self.metrics.truncate_after(self.start_step)
         for note in compatibility_notes(self.cfg) + notes + self.checkpoints.notes:
@@ -170,6 +196,7 @@ class Trainer:
     def generate(self, step: int, clock: StepClock) -> StepSamples:
         """This rank's share of the step's prompts, each repeated k times, sampled by the actor (3.4, 3.5, 4.2)."""
         records, prompt_ids = self.prompts.step_prompts(step, self.dp)
+        self.progress.expect(len(prompt_ids), "responses")
         with clock.phase("gen", memory=True):
             responses = self.rollout.generate(prompt_ids, self.sampling_params, self.sampling_generator)
         texts = self.tokenizer.batch_decode(responses, skip_special_tokens=False)
@@ -193,7 +220,8 @@ class Trainer:
             self.metrics.log_text(f"WARNING {msg}")
             return None
         return rl_phase(self.models, kept, self.rl_settings, micro_batch_size=self.cfg.rl_mirco_batch,
-                        token_budget=self.cfg.rl_micro_batch_tokens, update_actor=update_actor, dp=self.dp)
+                        token_budget=self.cfg.rl_micro_batch_tokens, update_actor=update_actor, dp=self.dp,
+                        progress=self.progress)
 
     def _step_metrics(self, step: int, samples: StepSamples, kept: list[Trajectory], sums: MicroStepSums | None,
                       clock: StepClock, lrs: tuple[float, float], norms: tuple[float, float]) -> dict:
@@ -207,10 +235,16 @@ class Trainer:
 
     def _phase(self, name: str) -> None:
         """A phase boundary: the safe point where a stop signal takes effect; then the progress bar
-        shows the new phase and the last step's summary."""
+        shows the new phase (its counts move as its work reports them) and the last step's summary."""
         self.stop.enter(name)
-        if self._progress is not None:
-            self._progress.set_postfix_str(f"{name} | {self._last_summary}", refresh=True)
+        self.progress.start(name)
+        self._redraw()
+
+    def _redraw(self) -> None:
+        """The progress bar's text: the phase's progress line and the last step's summary (called
+        from the main thread at phase boundaries and from the ticker's thread in between)."""
+        if self._bar is not None:
+            self._bar.set_postfix_str(f"{self.progress.line()} | {self._last_summary}", refresh=True)
 
     # ----------------------------------------------------------------------------------------
     # the run
@@ -219,6 +253,7 @@ class Trainer:
         """Held-out greedy pass@1 (and sampled pass@k) of the actor after ``steps_done`` steps,
         through the run's rollout and judger; not part of the official trainer."""
         self._phase("validate")
+        self.progress.expect(len(self.evaluator.records) * (1 + self.cfg.val_samples_per_problem), "responses")
         t0 = time.perf_counter()
         result = self.evaluator.evaluate(self.rollout, self.router)
         self.metrics.write_validation(steps_done, {**result.metrics(), "val_time": time.perf_counter() - t0})
@@ -234,13 +269,15 @@ class Trainer:
                 would fit it, with what is on disk.
         """
         self._log_start()
-        self._progress = tqdm(range(self.start_step, self.total_steps), initial=self.start_step,
-                              total=self.total_steps, desc="oreal", unit="step", file=sys.stderr,
-                              disable=not self.dp.is_main)
+        self._bar = tqdm(range(self.start_step, self.total_steps), initial=self.start_step,
+                         total=self.total_steps, desc="oreal", unit="step", file=sys.stderr,
+                         disable=not self.dp.is_main)
+        if self.dp.is_main:
+            self._ticker = ProgressTicker(self._redraw, interval=refresh_interval(sys.stderr))
         try:
             if self.evaluator is not None and self.cfg.val_before_train and self.start_step == 0:
                 self.validate(0)
-            for step in self._progress:
+            for step in self._bar:
                 self._run_step(step)
         except StopRun as stop:
             if self.checkpoints.owes_state(self._done):
@@ -283,7 +320,9 @@ class Trainer:
             log.info(f"{self.run_dir}: all {self.total_steps} steps are done; nothing left to run")
 
     def _close(self) -> None:
-        self._progress.close()
+        if self._ticker is not None:
+            self._ticker.close()
+        self._bar.close()
         self.metrics.close()
         self.router.close()
         self.checkpoints.close()

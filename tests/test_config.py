@@ -121,8 +121,7 @@ BAD = [
     ("kl_type = 'k2'", "kl_type", "kl, unbias, mse"),
     ("actor_min_lr = 1e-6", "actor_min_lr", "above the peak"),
     ("token_level_rm_lr_min = 1e-5", "token_level_rm_lr_min", "above the peak"),
-    ("warmup_steps = 4", "warmup_steps", "< total_steps"),
-    ("rm_warmup_steps = 5", "rm_warmup_steps", "< total_steps"),
+    ("rm_warmup_steps = 4", "rm_warmup_steps", "< total_steps = 4: the cosine phase starts after warmup_steps = 1"),
     ("gen_max_new = 256", "gen_max_new", "< gen_max_length"),
     ("gen_top_p = 0.0", "gen_top_p", "(0, 1]"),
     ("temperature = 0", "temperature", "> 0"),
@@ -214,6 +213,30 @@ def test_missing_file(tmp_path):
         load_config(str(tmp_path / "nope.py"))
 
 
+@pytest.mark.parametrize("extra, overrides", [
+    ("", {"total_steps": 1}),  # the demo's warmup_steps = 1: one step ends within the warmup
+    ("warmup_steps = 10\n", {"total_steps": 1}),  # the official warmup
+    ("warmup_steps = 10\nrm_warmup_steps = 12\n", {"total_steps": 11}),  # steps 0..10 all warm up
+])
+def test_a_run_that_ends_within_the_warmup_loads(tmp_path, extra, overrides):
+    """The cosine phase (and its T_max = total_steps - warmup) is reached only after warmup_steps."""
+    cfg = load_config(_write(tmp_path, extra), overrides)
+    assert cfg.total_steps == overrides["total_steps"]
+
+
+def test_val_datasets_none_on_the_command_line_turns_validation_off(tmp_path):
+    val = ('val_datasets = "package://oreal_fast/assets/demo_problems_val.jsonl"\n'
+           "val_before_train = True\nval_interval = 2\n")
+    path = _write(tmp_path, val)
+    cfg = load_config(path, {"val_datasets": None})
+    assert (cfg.val_datasets, cfg.val_before_train, cfg.val_interval) == (None, False, 0)
+    # asking for validation on the same command line, or in a file without held-out problems, is still an error
+    with pytest.raises(ConfigError, match=r"val_before_train in .* \(set on the command line\): True asks for"):
+        load_config(path, {"val_datasets": None, "val_before_train": True})
+    with pytest.raises(ConfigError, match=r"val_interval in .*: 2 asks for validation but val_datasets is None"):
+        load_config(_write(tmp_path, val.replace("val_datasets = ", "_unused = ")))
+
+
 def test_overrides_apply_and_are_checked(tmp_path):
     path = _write(tmp_path)
     assert load_config(path, {"total_steps": 3, "gen_global_batch": 8}).rl_global_batch == 8
@@ -238,6 +261,20 @@ def test_stop_word_must_be_one_token(tmp_path, word, ok):
     else:
         with pytest.raises(ConfigError, match=r"stop_word in .*cfg\.py: '</s>' encodes to 4 tokens"):
             validate_stop_word(cfg, _Tokenizer())
+
+
+def test_smoke_is_one_step_without_validation_or_resume_states_and_flags_beside_it_win(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setitem(sys.modules, "oreal_fast.trainer", types.SimpleNamespace(train=lambda cfg, stop: seen.append(cfg)))
+    path = _write(tmp_path, 'val_datasets = "package://oreal_fast/assets/demo_problems_val.jsonl"\n'
+                            "val_before_train = True\nwarmup_steps = 10\ntotal_steps = 90\n")
+    main([path, "--smoke"])
+    main([path, "--smoke", "--total_steps", "2"])
+    main([path])
+    (smoke, two, full) = seen
+    assert (smoke.total_steps, smoke.val_datasets, smoke.keep_resume_states) == (1, None, 0)
+    assert (two.total_steps, two.val_datasets) == (2, None)
+    assert (full.total_steps, full.keep_resume_states) == (90, 2) and full.val_datasets is not None
 
 
 def test_cli_parses_overrides_like_fire_and_calls_the_trainer(tmp_path, monkeypatch):

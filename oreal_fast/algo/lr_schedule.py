@@ -15,11 +15,14 @@ import math
 import torch
 
 
-def _check(warmup_steps: int, total_steps: int) -> None:
-    if warmup_steps < 0 or total_steps - warmup_steps <= 0:
+def _check(warmup_steps: int, total_steps: int, branch_warmup_steps: int) -> None:
+    """The cosine phase (steps after ``branch_warmup_steps``) needs T_max = total - W > 0; a run that
+    ends within the branch's warmup never steps it, whatever W is (as in the official trainer)."""
+    reaches_cosine = branch_warmup_steps < total_steps - 1
+    if warmup_steps < 0 or (reaches_cosine and total_steps - warmup_steps <= 0):
         raise ValueError(
-            f"need 0 <= warmup_steps < total_steps for the cosine schedule, "
-            f"got warmup_steps={warmup_steps}, total_steps={total_steps}"
+            f"need 0 <= warmup_steps, and warmup_steps < total_steps once the cosine schedule is reached "
+            f"(after step {branch_warmup_steps}); got warmup_steps={warmup_steps}, total_steps={total_steps}"
         )
 
 
@@ -46,7 +49,7 @@ def lr_at_step(
         total_steps: total RL steps.
         branch_warmup_steps: Wb, the actor's ``warmup_steps`` that selects the branch.
     """
-    _check(warmup_steps, total_steps)
+    _check(warmup_steps, total_steps, branch_warmup_steps)
 
     def warm(s: int) -> float:
         return peak_lr * min((s + 1) / warmup_steps, 1.0) if warmup_steps > 0 else peak_lr
@@ -80,7 +83,7 @@ class OfficialLRScheduler:
         total_steps: int,
         branch_warmup_steps: int,
     ) -> None:
-        _check(warmup_steps, total_steps)
+        _check(warmup_steps, total_steps, branch_warmup_steps)
         self.optimizer = optimizer
         self.peak_lr = peak_lr
         self.min_lr = min_lr

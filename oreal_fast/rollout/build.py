@@ -22,6 +22,7 @@ import torch
 
 from oreal_fast.config import ConfigError, TrainConfig
 from oreal_fast.model.decoder import Decoder
+from oreal_fast.progress import Progress
 from oreal_fast.rollout.base import RolloutEngine, SamplingParams
 from oreal_fast.rollout.engine import EngineConfig, PagedEngine, kv_cache_bytes
 from oreal_fast.rollout.plain_sampler import PlainSampler
@@ -49,7 +50,7 @@ def engine_name(cfg: TrainConfig, device: torch.device) -> str:
 
 def build_rollout(cfg: TrainConfig, actor: Decoder, *, compute_dtype: torch.dtype, num_sessions: int,
                   optimizers: Sequence[torch.optim.Optimizer] = (), data_parallel: bool = False,
-                  training: bool = True) -> RolloutEngine:
+                  training: bool = True, progress: Progress | None = None) -> RolloutEngine:
     """The configured engine over ``actor``'s weights (see the module docstring).
 
     Args:
@@ -63,6 +64,7 @@ def build_rollout(cfg: TrainConfig, actor: Decoder, *, compute_dtype: torch.dtyp
         optimizers: the trained models' optimisers; their states still to come are kept out of the pool.
         data_parallel: the actor is sharded (FSDP2), so the plain sampler needs a whole copy.
         training: an RL phase follows each generation (the plain sampler then leaves it most of the memory).
+        progress: where the engine counts finished responses and sampled tokens as it generates.
 
     Raises:
         ConfigError: a KV pool too small for one sequence of ``gen_max_length``, naming its key.
@@ -71,7 +73,8 @@ def build_rollout(cfg: TrainConfig, actor: Decoder, *, compute_dtype: torch.dtyp
     if engine_name(cfg, device) == "plain":
         share = PLAIN_KV_SHARE_TRAINING if training else PLAIN_KV_SHARE_EVAL
         batch = _plain_batch_size(actor, cfg.gen_max_length, compute_dtype, num_sessions, share)
-        return PlainSampler(actor, max_batch_size=batch, compute_dtype=compute_dtype, own_copy=data_parallel)
+        return PlainSampler(actor, max_batch_size=batch, compute_dtype=compute_dtype, own_copy=data_parallel,
+                            progress=progress)
     reserve = sum(_adam_state_bytes(o) for o in optimizers)
     pool = kv_cache_bytes(device, gib=cfg.kv_cache_gib, memory_fraction=cfg.kv_cache_memory_fraction,
                           reserve_bytes=reserve)
@@ -81,7 +84,7 @@ def build_rollout(cfg: TrainConfig, actor: Decoder, *, compute_dtype: torch.dtyp
         max_prefill_tokens=cfg.max_prefill_tokens, cuda_graph=cfg.cuda_graph, keep_cache=cfg.rollout_keep_cache,
         decode_steps_per_round=cfg.decode_steps_per_round)
     try:
-        return PagedEngine(actor, config, dtype=compute_dtype)
+        return PagedEngine(actor, config, dtype=compute_dtype, progress=progress)
     except ValueError as e:
         key = "kv_cache_gib" if cfg.kv_cache_gib is not None else "kv_cache_memory_fraction"
         raise ConfigError(f"{key} in {cfg.config_path}: {e}") from e

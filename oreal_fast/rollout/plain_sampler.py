@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from oreal_fast.model.decoder import Decoder
 from oreal_fast.parallel import full_weights, load_weights
+from oreal_fast.progress import Progress
 from oreal_fast.rollout.base import SamplingParams, check_prompts, finished, new_token_limits
 from oreal_fast.rollout.sampling import sample_next_token
 
@@ -92,10 +93,12 @@ class PlainSampler:
             ``sync_weights``, instead of the actor's own parameters. Needed under data parallelism:
             a sharded actor's forward is a collective, and ranks decode different numbers of steps.
             It costs one unsharded model per rank (2 bytes per parameter in bf16).
+        progress: gets the responses finished and tokens sampled after every forward (from the
+            host values each decode step reads anyway).
     """
 
     def __init__(self, actor: Decoder, *, max_batch_size: int, compute_dtype: torch.dtype | None = None,
-                 own_copy: bool = False) -> None:
+                 own_copy: bool = False, progress: Progress | None = None) -> None:
         if max_batch_size < 1:
             raise ValueError(f"PlainSampler.max_batch_size = {max_batch_size}: must be >= 1")
         self.max_batch_size = max_batch_size
@@ -110,6 +113,7 @@ class PlainSampler:
         # as the RL phase's forwards: autocast on CUDA to any compute dtype below fp32
         self._autocast = self.device.type == "cuda" and self.kv_dtype != torch.float32
         self._stats: dict[str, float] = {}
+        self.progress = progress or Progress()
 
     def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy the actor's weights into the own copy; without one the actor's parameters are
@@ -174,9 +178,12 @@ class PlainSampler:
             for i, tok in zip(live.tolist(), tokens.tolist()):
                 responses[i].append(tok)
             running = ~finished(tokens, num_new[live], limits[live], stop_ids)
+            sampled = len(live)
             if not bool(running.any()):
+                self.progress.add(done=sampled, tokens=sampled)
                 return responses
             live, tokens = live[running], tokens[running]
+            self.progress.add(done=sampled - len(live), tokens=sampled)
             step_pos = lens[live] + num_new[live] - 1
             step_cu = torch.arange(len(live) + 1, device=device, dtype=torch.int32)
             every = torch.arange(len(live), device=device)

@@ -100,6 +100,9 @@ def _torch_replay(cfg: dict, steps: int) -> list[float]:
         dict(RM, warmup_steps=5),  # RM warmup shorter than the actor's branch rule
         dict(RM, warmup_steps=14, total_steps=30),  # longer: cosine starts below peak
         dict(ACTOR, warmup_steps=0, branch_warmup_steps=0, total_steps=20),
+        # runs that end within the warmup never step the cosine (T_max <= 0 is never used)
+        dict(ACTOR, total_steps=1),
+        dict(RM, warmup_steps=12, total_steps=11),
     ],
 )
 def test_scheduler_replays_torch_schedulers(cfg):
@@ -127,7 +130,14 @@ def test_resume_continues_identically():
     assert [resumed.step(s) for s in range(15, 90)] == full[15:]
 
 
-@pytest.mark.parametrize("w,total", [(90, 90), (-1, 90)])
+@pytest.mark.parametrize("w,total", [(90, 90), (-1, 90), (12, 12)])
 def test_bad_schedule_raises(w, total):
+    # (12, 12): the actor's branch (10) reaches the cosine at step 11, where this model's T_max is 0
     with pytest.raises(ValueError, match="warmup_steps"):
         OfficialLRScheduler(_optimizer(1e-6), **dict(ACTOR, warmup_steps=w, total_steps=total))
+
+
+def test_a_one_step_run_within_the_warmup_takes_the_first_warmup_lr():
+    lrs, _ = _run(ACTOR, 1)
+    assert lrs == [5e-7 / 10]
+    assert lr_at_step(0, **dict(ACTOR, total_steps=1)) == 5e-7 / 10

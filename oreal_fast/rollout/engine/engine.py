@@ -53,6 +53,7 @@ import numpy as np
 import torch
 
 from oreal_fast.model.decoder import Decoder
+from oreal_fast.progress import Progress
 from oreal_fast.rollout.base import SamplingParams, check_prompts, new_token_limits
 from oreal_fast.rollout.engine.block_manager import BlockManager
 from oreal_fast.rollout.engine.model_runner import ModelRunner, sample_tokens
@@ -122,9 +123,12 @@ class PagedEngine:
         actor: the trained model; the engine copies its config and weights.
         config: the engine's sizes.
         dtype: compute dtype of the copy and the pool (default the actor's parameter dtype).
+        progress: gets the responses finished and tokens sampled at each prefill chunk's and decode
+            round's one host sync, from the values that sync reads (no sync of its own).
     """
 
-    def __init__(self, actor: Decoder, config: EngineConfig, *, dtype: torch.dtype | None = None) -> None:
+    def __init__(self, actor: Decoder, config: EngineConfig, *, dtype: torch.dtype | None = None,
+                 progress: Progress | None = None) -> None:
         self.config = config
         dtype = dtype or actor.embed.weight.dtype
         c = actor.config
@@ -147,6 +151,7 @@ class PagedEngine:
         self.device = self.runner.device
         self.runner.allocate()
         self._stats: dict[str, float] = {}
+        self.progress = progress or Progress()
 
     def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Refresh the weight copy in place (see `RolloutEngine.sync_weights`)."""
@@ -230,7 +235,7 @@ class PagedEngine:
         done = torch.zeros(runner.num_rows, dtype=torch.bool, device=self.device)
         for row, offset, m in segments:
             done[row : row + m] = runner.record(row, first[offset : offset + m])
-        self._finish(done)
+        self._finish(done, first_tokens=0 if first is None else len(first))
 
     def _decode_round(self, params: SamplingParams, generator: torch.Generator, counts: RoundCounts) -> None:
         """One round of decode steps of every running sequence, one host sync at its end."""
@@ -247,12 +252,15 @@ class PagedEngine:
         num_new, done = runner.end_round(steps)
         taken = int(num_new.sum() - scheduler.num_new[:num_rows].sum())
         counts.add(steps, num_rows, taken)
+        self.progress.add(done=int(done.sum()), tokens=taken)  # host values of the round's one sync
         keep = scheduler.end_round(num_new, done)
         if keep is not None:
             runner.keep_rows(keep)
 
-    def _finish(self, done: torch.Tensor) -> None:
-        keep = self.scheduler.finish(done.cpu().numpy())  # the prefill's one host sync
+    def _finish(self, done: torch.Tensor, first_tokens: int) -> None:
+        done = done.cpu().numpy()  # the prefill's one host sync
+        self.progress.add(done=int(done.sum()), tokens=first_tokens)
+        keep = self.scheduler.finish(done)
         if keep is not None:
             self.runner.keep_rows(keep)
 
