@@ -214,7 +214,7 @@ def _args_section(doc: str) -> dict[str, str]:
         depth = len(line) - len(line.lstrip())
         if line.strip() and depth <= indent:
             break  # the next section (Returns:, Raises:, ...)
-        m = re.match(r"\s*(\w+)(?: \([^)]*\))?:\s*(.*)", line)
+        m = re.match(r"\s*\**(\w+)(?: \([^)]*\))?:\s*(.*)", line)  # "**overrides:" is an entry too
         if m and depth == indent + 4:
             name = m.group(1)
             entries[name] = m.group(2)
