@@ -188,6 +188,12 @@ class KeyedRollout:
     def sync_weights(self, weights):
         pass  # keyed texts do not depend on the weights
 
+    def response_logprobs(self):
+        return None  # keyed texts come from no model distribution
+
+    def fit_memory(self, peak_gib):
+        pass  # nothing here is sized from memory
+
     def stats(self):
         return {}
 
