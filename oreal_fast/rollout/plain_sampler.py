@@ -4,8 +4,8 @@ Sessions are taken `max_batch_size` at a time. Each batch: one packed prefill of
 (writing a contiguous KV cache, one row per session, in the compute dtype), then one-token decode
 steps for the sessions still running, under the stop rule of `base.finished`. Each sampled token's
 log-prob is log_softmax of the step's logits (in fp32, temperature 1, unfiltered) at the token,
-kept on the device until the batch ends. Not here: paged
-memory, continuous batching, CUDA graphs, prefix sharing (the paged engine's job).
+kept on the device until the batch ends. Not here: paged memory, continuous batching, CUDA
+graphs, prefix sharing (the paged engine's job).
 Invariant: responses come back in prompt order, whatever order sessions finish in.
 """
 

@@ -23,9 +23,9 @@ A round (`start_round`, `decode_step` x steps, `end_round`) runs several decode 
 sync: each step is the forward, then its tail, all on the device: sample (greedy argmax, or the
 sampler on row `step` of the round's uniforms [steps, num_rows]), store the tokens in the round
 buffer `round_tokens` [steps_per_round, max_num_seqs] and their log-probs in `round_logprobs`
-(fp32, the same shape), count the token of every row not done,
-mark done the rows that now meet the stop rule, and advance the others (pending token,
-position), so a stopped row's later tokens are never recorded and its num_new stays. `end_round`
+(fp32, the same shape), count the token of every row not done, mark done the rows that now meet
+the stop rule, and advance the others (pending token, position), so a stopped row's later tokens
+are never recorded and its num_new stays. `end_round`
 moves the recorded tokens and log-probs into the call's output buffers and reads num_new and done
 back: the round's one host sync.
 
@@ -54,11 +54,13 @@ may add one to a GEMM, e.g. a split-K reduction):
   8. silu_mul on the two halves of the gate|up output
   9. down GEMM
 and once per step: the embedding, the slot and context-length arithmetic, the final add_rms_norm
-and the LM head; sampling and the stop check after it.
+and the LM head; sampling (with the tokens' log-probs; greedy rows take one more pass over the
+logits), recording and the stop check after it.
 
 Not here: which rows exist (`scheduler`), sampling and the loop (`engine`).
 Invariant: the weights, the pool and the row-state tensors are allocated once and only written in
-place, so captured graphs stay valid; rows >= num_rows are zero and done.
+place, so captured graphs stay valid (a pool of another size comes only after `free`, which drops
+the graphs with the old pool); rows >= num_rows are zero and done.
 """
 
 from __future__ import annotations
