@@ -15,6 +15,9 @@
 #   decode     the engine's GPU tests -> decode_tests.log; the decode-step benchmark and the B256 rollout case
 #              -> decode.json; with BASELINE_ROOT (a folder holding another version's oreal_fast/, e.g. the
 #              start commit's) the same two benchmarks on that version -> decode_baseline.json; then their table
+#   logprob    the rollout log-prob check at the official batch (64 x 16, LOGPROB_MAX_NEW tokens, default 512)
+#              and the KV-pool resize cost -> logprob_gpu.json, logprob_gpu.log; then the log-prob GPU tests
+#              (engine against trainer, the sampler kernel at V = 151936) -> logprob_tests.log
 #   train      the trainer CLI for 3 steps on a random-init 0.5B-shaped folder -> train_*.jsonl
 #   sweep      the linear_logprob tile sweep -> sweep.json
 #   soak       the trainer CLI on the random-init folder for SOAK_SECONDS (default 330) of steps of 2 x 16
@@ -97,6 +100,12 @@ for part in "$@"; do
         reports+=("$OUT/decode_baseline.json")
       fi
       $PY benchmarks/decode_report.py "${reports[@]}" | tee "$OUT/decode_table.txt" ;;
+    logprob)
+      timeout ${LOGPROB_TIMEOUT:-180} $PY -m benchmarks.logprob_gpu --out "$OUT/logprob_gpu.json" \
+        --max-new ${LOGPROB_MAX_NEW:-512} 2>&1 | tee "$OUT/logprob_gpu.log"
+      for t in tests/rollout/test_engine_gpu.py tests/kernels/test_sampling_kernel.py; do
+        timeout 120 $PY -m pytest "$t" -k logprobs -q -rA -s -p no:cacheprovider 2>&1 | tee -a "$OUT/logprob_tests.log"
+      done ;;
     train)
       random_qwen
       for budget in ${TRAIN_BUDGETS:-32768 0}; do

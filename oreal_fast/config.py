@@ -146,9 +146,10 @@ class TrainConfig:
     rollout_engine: str = "auto"
     """Generation engine: auto (paged on CUDA, plain on CPU) | paged | plain (PlainSampler)."""
     kv_cache_gib: float | None = None
-    """Paged engine's KV pool in GiB, > 0; None = kv_cache_memory_fraction of the free memory."""
+    """Paged engine's KV pool in GiB, > 0, fixed; None = sized from the measured steps (docs/rollout.md)."""
     kv_cache_memory_fraction: float = 0.4
-    """KV pool share of the memory free after loading (less optimiser states to come) if kv_cache_gib is None, (0, 1]."""
+    """If kv_cache_gib is None, the KV pool until a trained step is measured: this share of the memory
+    free after loading (less optimiser states to come), (0, 1]."""
     kv_block_size: int = 16
     """Token slots per KV-cache block of the paged engine, >= 1."""
     max_num_seqs: int = 1024

@@ -59,10 +59,11 @@ OFFICIAL_KEYS = (
 
 def reproducible_metrics(row: dict[str, Any]) -> dict[str, Any]:
     """A metrics row without what differs between any two runs of the same steps: wall-clock
-    timings (``*_time``, ``*_time_s``, ``eta``), throughputs (``*_tgs``, ``*_per_s``), peak memory
-    and the process's health counters (``oreal_fast.health.HEALTH_KEYS``: memory now, open files,
-    judge workers)."""
-    varying = ("time", "tgs", "memory", "per_s")
+    timings (``*_time``, ``*_time_s``, ``eta``), throughputs (``*_tgs``, ``*_per_s``), peak memory,
+    the KV pool's size and the share of it used (``rollout_kv_pool_gib``, ``rollout_peak_kv_use``:
+    the pool is sized from measured memory) and the process's health counters
+    (``oreal_fast.health.HEALTH_KEYS``: memory now, open files, judge workers)."""
+    varying = ("time", "tgs", "memory", "per_s", "kv_pool", "peak_kv_use")
     return {k: v for k, v in row.items()
             if k != "eta" and k not in HEALTH_KEYS and not any(part in k for part in varying)}
 

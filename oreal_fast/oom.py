@@ -20,16 +20,21 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the command line imports this module before torch is needed
     import torch
 
-# What would make each phase fit, most effective first.
-POOL = "a smaller kv_cache_gib or kv_cache_memory_fraction (the KV pool)"
+# What would make each phase fit, most effective first. Without kv_cache_gib the KV pool starts at
+# kv_cache_memory_fraction of the free memory and is then sized from the measured steps
+# (rollout/engine/pool_sizing.py); its size is in every step's metrics.
+POOL = ("a kv_cache_gib below the logged rollout_kv_pool_gib (a fixed KV pool; unset, the pool starts at "
+        "kv_cache_memory_fraction, then follows the measured steps)")
 KNOBS = {
-    "start": ("a higher gpu_memory_limit_gib or a larger card", POOL,
+    "start": ("a higher gpu_memory_limit_gib or a larger card",
+              "a smaller kv_cache_gib or kv_cache_memory_fraction (the KV pool at start)",
               "a smaller max_num_seqs (the engine's buffers and CUDA graphs)"),
     "generate": (POOL, "a smaller max_num_seqs", "a smaller max_prefill_tokens", "a smaller gen_max_length"),
     "validate": (POOL, "a smaller max_num_seqs", "a smaller max_prefill_tokens", "a smaller val_samples_per_problem"),
     "rl": ("a smaller rl_micro_batch_tokens (tokens per micro-batch)",
            "selective_recompute up to 1.0 (recompute every block)",
-           "a smaller kv_cache_gib (the pool stays allocated while the RL phase runs)", "rollout_keep_cache False"),
+           "a kv_cache_gib below the logged rollout_kv_pool_gib (the KV pool stays allocated while the RL phase "
+           "runs)", "rollout_keep_cache False"),
     "checkpoint": ("keep_resume_states 0", "a smaller rl_micro_batch_tokens"),
 }
 DEFAULT_KNOBS = ("a smaller rl_micro_batch_tokens", POOL, "a higher gpu_memory_limit_gib")

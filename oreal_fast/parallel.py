@@ -162,6 +162,15 @@ def sum_over_ranks(dp: DataParallel, tensors: list[torch.Tensor]) -> list[torch.
     return [x.to(t.dtype) for x, t in zip(flat.unbind(), tensors)]
 
 
+def max_over_ranks(dp: DataParallel, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The element-wise MAX over ranks of same-shaped tensors (one collective for all of them)."""
+    if not dp.enabled:
+        return tensors
+    flat = torch.stack([t.reshape(()).to(torch.float64) for t in tensors])  # (n,)
+    dist.all_reduce(flat, op=dist.ReduceOp.MAX)
+    return [x.to(t.dtype) for x, t in zip(flat.unbind(), tensors)]
+
+
 def broadcast_from_main(dp: DataParallel, value: T) -> T:
     """Rank 0's ``value`` on every rank (picklable; e.g. the run folder's name)."""
     if not dp.enabled:

@@ -18,8 +18,14 @@ Data parallel: ``rl_phase`` trains this rank's share of the kept list and return
 ranks (``oreal_fast.parallel``); the losses are divided by global counts, so summed gradients are
 the 1-process gradients.
 
+The rollout check: where a micro-batch carries the engine's log-prob of each action token, the
+step sums |actor log-prob - engine log-prob| and keeps its maximum; the actor's log-probs are the
+ones the loss already computes (same weights as generation: the rollout syncs after each
+optimiser step), so the check costs no forward.
+
 Invariant: every returned value is a 0-d tensor on the model's device that SUMs over micro-batches
-(and ranks) into the step's metric; nothing here syncs with the host.
+(and ranks) into the step's metric, but ``rollout_logprob_abs_diff_max``, which takes the MAX;
+nothing here syncs with the host.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from oreal_fast.algo import (
 )
 from oreal_fast.kernels import fused_oreal_loss, linear_logprob
 from oreal_fast.model.decoder import Decoder, TokenRewardModel
-from oreal_fast.parallel import DataParallel, sum_over_ranks
+from oreal_fast.parallel import DataParallel, max_over_ranks, sum_over_ranks
 from oreal_fast.progress import Progress
 from oreal_fast.runtime import Precision, RLModels, resolve_kernel_impl
 from oreal_fast.trajectories import (RLMicroBatch, Trajectory, iter_micro_batches, make_micro_batches,
@@ -100,7 +106,8 @@ class RLSettings:
 
 
 class MicroStepSums(NamedTuple):
-    """0-d fp32 sums of one micro-batch (already divided by the step's global normalisers)."""
+    """0-d fp32 sums of one micro-batch (the losses already divided by the step's global
+    normalisers), and the rollout check over its action tokens that have engine log-probs."""
 
     positive_loss: torch.Tensor
     negative_loss: torch.Tensor
@@ -110,6 +117,41 @@ class MicroStepSums(NamedTuple):
     neg_logprob_sum: torch.Tensor
     ref_kl_sum: torch.Tensor
     num_action_tokens: torch.Tensor
+    rollout_logprob_abs_diff_sum: torch.Tensor
+    rollout_logprob_abs_diff_max: torch.Tensor  # the one field that combines by MAX
+    rollout_logprob_tokens: torch.Tensor
+
+    def merged(self, other: "MicroStepSums") -> "MicroStepSums":
+        """Both micro-batches' values: sums added, the maximum the larger."""
+        both = {name: a + b for name, a, b in zip(self._fields, self, other)}
+        both["rollout_logprob_abs_diff_max"] = torch.maximum(self.rollout_logprob_abs_diff_max,
+                                                             other.rollout_logprob_abs_diff_max)
+        return MicroStepSums(**both)
+
+    def over_ranks(self, dp: DataParallel) -> "MicroStepSums":
+        """Every rank's values combined (one SUM and one MAX collective)."""
+        summed = MicroStepSums(*sum_over_ranks(dp, list(self)))
+        (top,) = max_over_ranks(dp, [self.rollout_logprob_abs_diff_max])
+        return summed._replace(rollout_logprob_abs_diff_max=top)
+
+
+def rollout_logprob_check(logprobs: torch.Tensor, rollout_logprobs: torch.Tensor | None
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """|trainer - engine| log-prob over a micro-batch's action tokens.
+
+    Args:
+        logprobs: [A] the actor's log-probs (detached here).
+        rollout_logprobs: [A] fp32 the engine's, or None (a scripted engine): all three are then 0.
+
+    Returns:
+        (sum, max, count) 0-d fp32.
+    """
+    lp = logprobs.detach().float()
+    if rollout_logprobs is None:
+        zero = lp.new_zeros(())
+        return zero, zero, zero
+    diff = (lp - rollout_logprobs).abs()
+    return diff.sum(), diff.max(), torch.full((), float(diff.numel()), device=lp.device)
 
 
 def _action_head(batch: RLMicroBatch, lm_head):
@@ -199,6 +241,7 @@ def rl_micro_step(
         metrics.neg_logprob_sum,
         metrics.ref_kl_sum,
         metrics.num_tokens,
+        *rollout_logprob_check(lp, batch.rollout_logprobs),
     )
     return MicroStepSums(*(torch.zeros_like(v) for v in sums)) if pad else sums
 
@@ -224,7 +267,8 @@ def rl_phase(
             work is queued (on a GPU the host runs about one micro-batch ahead).
 
     Returns:
-        The step's sums over all micro-batches of all ranks (0-d device tensors).
+        The step's sums over all micro-batches of all ranks (0-d device tensors; the rollout
+        check's maximum over them).
     """
     device = settings.precision.device
     lens = torch.tensor([t.num_actions for t in kept]).to(device, non_blocking=True)
@@ -244,6 +288,6 @@ def rl_phase(
     total = None
     for micro, pad, num_tokens in work:
         sums = rl_micro_step(models, micro, norm, settings, update_actor=update_actor, pad=pad)
-        total = sums if total is None else MicroStepSums(*(a + b for a, b in zip(total, sums)))
+        total = sums if total is None else total.merged(sums)
         progress.add(done=1, tokens=num_tokens)
-    return MicroStepSums(*sum_over_ranks(dp, list(total)))
+    return total.over_ranks(dp)

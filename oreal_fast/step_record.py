@@ -1,13 +1,14 @@
 """One step's samples, its phase clock and its metrics (reference 4.2-4.6, 5.1).
 
 `StepSamples` holds, per sample in sample order (the k samples of a prompt contiguous), the prompt
-record, prompt ids, response ids, decoded text and, once judged, the reward, plus the judger's
-counters. Each rank generates and judges its strided share of the step's prompts; `gathered` makes
-the global record with one all-gather (rank order keeps groups contiguous, reference 4.5 and 6), so
-every rank computes the same advantages, filter and normalisers. The "infer" stage (4.6) builds
-the trajectories from it once the advantages exist. `StepClock` times the step's phases and keeps
-the peak memory of the phases that ask for it; `step_metrics` turns all of it into the official
-keys of 5.1, then ours.
+record, prompt ids, response ids, decoded text, the engine's log-probs of the response tokens and,
+once judged, the reward, plus the judger's counters. Each rank generates and judges its strided
+share of the step's prompts; `gathered` makes the global record with one all-gather (rank order
+keeps groups contiguous, reference 4.5 and 6), so every rank computes the same advantages,
+filter and normalisers. The "infer" stage (4.6) builds the trajectories from it once the
+advantages exist. `StepClock` times the step's phases and keeps the peak memory of the phases
+that ask for it; `step_metrics` turns all of it into the official keys of 5.1, then ours (among
+them the rollout check: |engine - trainer| log-prob over the kept response tokens).
 
 Invariant: every per-sample list of a `StepSamples` has one entry per sample, in the same order.
 """
@@ -33,7 +34,9 @@ from oreal_fast.trajectories import Trajectory
 
 @dataclass
 class StepSamples:
-    """A step's samples in sample order; ``rewards`` and ``judge_counters`` once judged (4.3)."""
+    """A step's samples in sample order; ``rewards`` and ``judge_counters`` once judged (4.3);
+    ``response_logprobs`` ([len(response)] fp32 each) when the engine gives them
+    (``RolloutEngine.response_logprobs``)."""
 
     records: list[PromptRecord]
     prompt_ids: list[list[int]]
@@ -41,6 +44,7 @@ class StepSamples:
     texts: list[str]
     rewards: list[float] = field(default_factory=list)
     judge_counters: dict[str, int] = field(default_factory=dict)
+    response_logprobs: list[torch.Tensor] | None = None
 
     def judge_items(self) -> list[JudgeItem]:
         """What the judger reads of each sample, as in validation."""
@@ -57,19 +61,23 @@ class StepSamples:
         collective; a single process gets itself back."""
         if not dp.enabled:
             return self
-        rows = list(zip(self.records, self.prompt_ids, self.response_ids, self.texts, self.rewards))
+        logprobs = self.response_logprobs or [None] * len(self.records)
+        rows = list(zip(self.records, self.prompt_ids, self.response_ids, self.texts, self.rewards, logprobs))
         parts = gather_lists(dp, [(rows, self.judge_counters)])
-        columns = [list(c) for c in zip(*(row for part_rows, _ in parts for row in part_rows))]
+        *columns, logprobs = [list(c) for c in zip(*(row for part_rows, _ in parts for row in part_rows))]
         counters: dict[str, int] = {}
         for _, part in parts:
             for key, value in part.items():
                 counters[key] = counters.get(key, 0) + value
-        return StepSamples(*columns, judge_counters=counters)
+        return StepSamples(*columns, judge_counters=counters,
+                           response_logprobs=None if self.response_logprobs is None else logprobs)
 
     def trajectories(self, advantages: list[float]) -> list[Trajectory]:
-        """The "infer" stage (4.6): every sample's trajectory, with its reward and advantage (4.4)."""
-        return [Trajectory(prompt_ids=p, response_ids=r, reward=reward, advantage=a)
-                for p, r, reward, a in zip(self.prompt_ids, self.response_ids, self.rewards, advantages)]
+        """The "infer" stage (4.6): every sample's trajectory, with its reward and advantage (4.4)
+        and the engine's log-probs."""
+        logprobs = self.response_logprobs or [None] * len(self.response_ids)
+        return [Trajectory(prompt_ids=p, response_ids=r, reward=reward, advantage=a, rollout_logprobs=lp)
+                for p, r, reward, a, lp in zip(self.prompt_ids, self.response_ids, self.rewards, advantages, logprobs)]
 
     def num_tokens(self) -> int:
         """Prompt + response tokens of every sample."""
@@ -161,4 +169,15 @@ def step_metrics(step: int, total_steps: int, samples: StepSamples, kept: list[T
         "judge_time": t["judge"],
         **{f"max_memory_{name}": gib for name, gib in clock.peak_gib.items()},
         **{f"judger_{k}": v for k, v in samples.judge_counters.items()},
+        **rollout_logprob_metrics(losses),
     }
+
+
+def rollout_logprob_metrics(losses: dict[str, float]) -> dict[str, float]:
+    """Mean and max |engine - trainer| log-prob over the kept samples' response tokens (``rl_step``);
+    none when no token was compared (an engine without log-probs, or no RL phase)."""
+    tokens = losses["rollout_logprob_tokens"]
+    if not tokens:
+        return {}
+    return {"rollout_logprob_abs_diff_mean": losses["rollout_logprob_abs_diff_sum"] / tokens,
+            "rollout_logprob_abs_diff_max": losses["rollout_logprob_abs_diff_max"]}

@@ -188,8 +188,9 @@ class Trainer:
             sums = self.rl_phase(kept, update_actor)                                    # 4.7 - 4.11
             norms = self.optimizers.step(self.models, sums, update_actor=update_actor and bool(kept),
                                          max_norm=cfg.max_grad_norm)                    # 4.12
-        if update_actor and kept:  # the rollout's weights follow the actor
+        if update_actor and kept:  # the rollout's weights follow the actor; its memory, a trained step's peaks
             self.rollout.sync_weights(full_weights(self.models.actor))
+            self.rollout.fit_memory(clock.peak_gib)
         lrs = (actor_lr if update_actor else 0.0, rm_lr)
         return self._step_metrics(step, samples, kept, sums, clock, lrs, norms)
 
@@ -200,7 +201,7 @@ class Trainer:
         with clock.phase("gen", memory=True):
             responses = self.rollout.generate(prompt_ids, self.sampling_params, self.sampling_generator)
         texts = self.tokenizer.batch_decode(responses, skip_special_tokens=False)
-        return StepSamples(records, prompt_ids, responses, texts)
+        return StepSamples(records, prompt_ids, responses, texts, response_logprobs=self.rollout.response_logprobs())
 
     def judge(self, samples: StepSamples) -> StepSamples:
         """The samples with their rewards in {+1, -1} (a reward_fn's own, if set), in sample order, and the

@@ -28,12 +28,19 @@ IGNORE_INDEX = -100
 
 @dataclass
 class Trajectory:
-    """One generated sample: prompt + response ids, its reward and RLOO/GRPO advantage."""
+    """One generated sample: prompt + response ids, its reward and RLOO/GRPO advantage, and the
+    rollout engine's log-prob of each response token ([R] fp32; None from a scripted engine)."""
 
     prompt_ids: list[int]
     response_ids: list[int]
     reward: float
     advantage: float
+    rollout_logprobs: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.rollout_logprobs is not None and self.rollout_logprobs.shape != (len(self.response_ids),):
+            raise ValueError(f"Trajectory: rollout_logprobs has shape {tuple(self.rollout_logprobs.shape)}, "
+                             f"the response {len(self.response_ids)} tokens")
 
     @property
     def input_ids(self) -> list[int]:
@@ -64,6 +71,8 @@ class RLMicroBatch:
         action_index: [A] int64, packed position of every action token (A = sum R_i), in order.
         action_seq: [A] int64, the local sequence index of every action token.
         action_cu_seqlens: [n + 1] int64, sequence boundaries within the A action tokens.
+        rollout_logprobs: [A] fp32, the rollout engine's log-prob of every action token; None
+            unless every trajectory has them.
     """
 
     row: PackedRow
@@ -73,6 +82,7 @@ class RLMicroBatch:
     action_index: torch.Tensor
     action_seq: torch.Tensor
     action_cu_seqlens: torch.Tensor
+    rollout_logprobs: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> "RLMicroBatch":
         """The same micro-batch on ``device``, moved in two copies (one int64 buffer, one fp32)."""
@@ -84,6 +94,7 @@ def make_micro_batch(trajectories: list[Trajectory]) -> RLMicroBatch:
     lens = torch.tensor([t.num_actions for t in trajectories], dtype=torch.int64)
     labels = torch.tensor([x for t in trajectories for x in t.labels], dtype=torch.int64)
     action_index = torch.nonzero(labels != IGNORE_INDEX).squeeze(1)  # on the host: no device sync on a mask
+    engine_lps = [t.rollout_logprobs for t in trajectories]
     return RLMicroBatch(
         row=pack_sequences([t.input_ids for t in trajectories]),
         action_labels=labels[action_index],
@@ -92,6 +103,7 @@ def make_micro_batch(trajectories: list[Trajectory]) -> RLMicroBatch:
         action_index=action_index,
         action_seq=torch.repeat_interleave(torch.arange(len(trajectories)), lens),
         action_cu_seqlens=torch.nn.functional.pad(torch.cumsum(lens, 0), (1, 0)),
+        rollout_logprobs=None if any(lp is None for lp in engine_lps) else torch.cat(engine_lps).float(),
     )
 
 
@@ -142,7 +154,11 @@ def iter_micro_batches(trajectories: list[Trajectory], groups: list[range], devi
 
 
 _INT_FIELDS = ("action_labels", "action_index", "action_seq", "action_cu_seqlens")
-_FLOAT_FIELDS = ("rewards", "advantages")
+
+
+def _float_fields(batch: RLMicroBatch) -> list[torch.Tensor]:
+    rollout = [] if batch.rollout_logprobs is None else [batch.rollout_logprobs]
+    return [batch.rewards, batch.advantages, *rollout]
 
 
 def _move_all(batches: list[RLMicroBatch], device: torch.device) -> list[RLMicroBatch]:
@@ -153,16 +169,17 @@ def _move_all(batches: list[RLMicroBatch], device: torch.device) -> list[RLMicro
     """
     ints = [t for b in batches for t in (b.row.input_ids, b.row.positions, b.row.cu_seqlens.long(),
                                          *(getattr(b, f) for f in _INT_FIELDS))]
-    floats = [getattr(b, f) for b in batches for f in _FLOAT_FIELDS]
+    floats = [t for b in batches for t in _float_fields(b)]
     pin = device.type == "cuda"
-    int_parts = _copy_concat(ints, device, pin).split([t.numel() for t in ints])
-    float_parts = _copy_concat(floats, device, pin).split([t.numel() for t in floats])
+    int_parts = iter(_copy_concat(ints, device, pin).split([t.numel() for t in ints]))
+    float_parts = iter(_copy_concat(floats, device, pin).split([t.numel() for t in floats]))
     moved = []
-    for i, b in enumerate(batches):
-        ids, positions, cu, *rest = int_parts[7 * i : 7 * i + 7]
+    for b in batches:
+        ids, positions, cu, *rest = (next(int_parts) for _ in range(3 + len(_INT_FIELDS)))
         row = PackedRow(ids, positions, cu.to(torch.int32), b.row.max_seqlen)
-        rewards, advantages = float_parts[2 * i : 2 * i + 2]
-        moved.append(RLMicroBatch(row, rest[0], rewards, advantages, *rest[1:]))
+        rewards, advantages = next(float_parts), next(float_parts)
+        rollout = None if b.rollout_logprobs is None else next(float_parts)
+        moved.append(RLMicroBatch(row, rest[0], rewards, advantages, *rest[1:], rollout_logprobs=rollout))
     return moved
 
 

@@ -28,7 +28,8 @@ def _models() -> RLModels:
 
 def _sums(actor_loss: float = 0.5, rm_loss: float = 0.7) -> MicroStepSums:
     values = dict(positive_loss=actor_loss, negative_loss=0.0, kl_penalty_loss=0.0, token_level_rm_loss=rm_loss,
-                  adv_sum=0.0, neg_logprob_sum=0.0, ref_kl_sum=0.0, num_action_tokens=3.0)
+                  adv_sum=0.0, neg_logprob_sum=0.0, ref_kl_sum=0.0, num_action_tokens=3.0,
+                  rollout_logprob_abs_diff_sum=0.0, rollout_logprob_abs_diff_max=0.0, rollout_logprob_tokens=0.0)
     return MicroStepSums(**{k: torch.tensor(v) for k, v in values.items()})
 
 

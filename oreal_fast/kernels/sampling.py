@@ -37,6 +37,15 @@ sorting. Four kernels, the row cut into chunks of `chunk` tokens:
    more sweeps: `_search_token`), which needs no bracket. With neither filter, plan and compact
    do not run and draw picks the chunk from s_c.
 
+Log-probs (`sample_with_logprobs`): each token's log-prob under the model's unmodified
+distribution, log_softmax(logits.float())[token] at temperature 1 before any filter: the
+distribution the trainer's log-probs are taken under (reference 4.9, no temperature in training).
+Sweep 1 already sums each chunk's mass relative to its max; at temperature 1 that sum is the
+log-sum-exp's, and otherwise sweep 1 sums exp2((x - m_c) * log2(e)) beside it (one more exp2 a
+token). The draw kernel combines the chunks' sums into the row's log-sum-exp and reads the
+token's logit: no extra sweep. Greedy decoding has no sampler sweep; `token_logprobs` reads its
+rows once more (one program a row, an online log-sum-exp).
+
 Invariant: for continuous logits the token is `sample_from_logits_eager`'s, except where u *
 kept_mass or the top-p mass lies within fp32 round-off of a boundary; as a distribution it is the
 official one, whichever path a row takes (`_sample` reports which).
@@ -48,7 +57,10 @@ Draw reads the buffered tokens (at most `cap` per row, 8 bytes each) and one chu
 All sums, maxima and masses are fp32; counts are exact in fp32 below 2^24 > V. Allocated per call:
 [B, chunks] fp32 statistics, [B, chunks, num_bins] int32 histograms, [B, cap] fp32 values and
 int32 indices (16 MiB at B = 256 on CUDA), the [B] int64 output: no [B, V] tensor, no host sync,
-no allocation that depends on data, so the call can be captured in a CUDA graph.
+no allocation that depends on data, so the call can be captured in a CUDA graph. Log-probs add
+the [B] fp32 output, and at temperature != 1 one more [B, chunks] fp32 sum (19 KiB at B = 256);
+the draw kernel reads chunks x 8 bytes and one logit more per row. `token_logprobs` reads the
+[B, V] logits once (B x V x 2 bytes in bf16: 78 MB at B = 256) and writes [B] fp32.
 
 Limits: the fallback costs a few sweeps of one row by one program (tens of microseconds); it runs
 where the bracket misses (heavy-tailed rows whose kept set is most of V), where top-k keeps more
@@ -71,6 +83,8 @@ import triton.language as tl
 IMPLS = ("triton", "eager")
 
 _LOG2E = 1.4426950408889634
+_LOG2E_TL = tl.constexpr(_LOG2E)
+_LN2_TL = tl.constexpr(0.6931471805599453)
 _NEG_BIG = tl.constexpr(-1.0e30)  # finite stand-in for the max of an all -inf prefix
 _INF = tl.constexpr(float("inf"))
 # Depths past this (in fine units) are "beyond the histogram": it keeps exp2 and the bit tricks finite.
@@ -372,8 +386,8 @@ def _search_token(row_ptr, V, u, c2, top_k, top_p, TOP_K: tl.constexpr, TOP_P: t
 
 @triton.jit
 def _stats_kernel(
-    X_ptr, Mc_ptr, Sc_ptr, Cum_ptr, Cnt_ptr, V, stride_xb, num_chunks, c2, c2r,
-    NB: tl.constexpr, LP: tl.constexpr, CHUNK: tl.constexpr,
+    X_ptr, Mc_ptr, Sc_ptr, S1_ptr, Cum_ptr, Cnt_ptr, V, stride_xb, num_chunks, c2, c2r,
+    NB: tl.constexpr, LP: tl.constexpr, CHUNK: tl.constexpr, UNIT_MASS: tl.constexpr,
 ):
     row = tl.program_id(0)
     c = tl.program_id(1)
@@ -390,6 +404,9 @@ def _stats_kernel(
     tl.store(Cum_ptr + slot.to(tl.int64) * NB + tl.arange(0, NB), tl.cumsum(hist, 0))
     tl.store(Mc_ptr + slot, m_c)
     tl.store(Sc_ptr + slot, s_c)
+    if UNIT_MASS:
+        # the mass at temperature 1 for the log-probs (at temperature 1 it is s_c itself)
+        tl.store(S1_ptr + slot, tl.sum(tl.exp2((x - ref) * _LOG2E_TL), 0))
     if c == 0:
         tl.store(Cnt_ptr + row, 0)  # the buffer count that sweep 2 appends to (stream order)
 
@@ -543,6 +560,22 @@ def _compact_kernel(
 
 
 @triton.jit
+def _token_logprob(row_ptr, token, Mc_ptr, S1_ptr, row, num_chunks, C_PAD: tl.constexpr):
+    """log_softmax(x)[token] at temperature 1, from sweep 1's chunk maxima m_c and chunk masses
+    s1_c = sum exp(x - m_c): logsumexp = m + log(sum_c s1_c exp(m_c - m))."""
+    c = tl.arange(0, C_PAD)
+    c_ok = c < num_chunks
+    m_c = tl.load(Mc_ptr + row * num_chunks + c, mask=c_ok, other=-float("inf"))
+    s_c = tl.load(S1_ptr + row * num_chunks + c, mask=c_ok, other=0.0)
+    m = tl.max(m_c, 0)
+    # an all -inf chunk holds no mass (s1_c = 0); any finite shift keeps its term 0
+    ref_c = tl.where(m_c > -float("inf"), m_c, m)
+    mass = tl.sum(s_c * tl.exp2((ref_c - m) * _LOG2E_TL), 0)
+    x = tl.load(row_ptr + token).to(tl.float32)
+    return (x - m) - tl.log2(mass) * _LN2_TL
+
+
+@triton.jit
 def _bisect_key(key, wts, target):
     """The largest int32 k with sum(wts where key >= k) >= target, for 0 < target <= sum(wts):
     a key of a token of positive weight, as int64 (the bracket [lo, hi) spans 2^32)."""
@@ -578,9 +611,10 @@ def _mass_through(cc, c, above_c, ids, wk, CHUNK: tl.constexpr):
 
 @triton.jit
 def _draw_kernel(
-    X_ptr, U_ptr, Out_ptr, Ok_ptr, Mc_ptr, Sc_ptr, Plan_ptr, Above_ptr, Cnt_ptr, Xs_ptr, Ids_ptr,
-    V, stride_xb, num_chunks, c2, top_k, top_p,
-    TOP_K: tl.constexpr, TOP_P: tl.constexpr, CHUNK: tl.constexpr, C_PAD: tl.constexpr,
+    X_ptr, U_ptr, Out_ptr, Ok_ptr, Lp_ptr, Mc_ptr, Sc_ptr, S1_ptr, Plan_ptr, Above_ptr, Cnt_ptr,
+    Xs_ptr, Ids_ptr, V, stride_xb, num_chunks, c2, top_k, top_p,
+    TOP_K: tl.constexpr, TOP_P: tl.constexpr, LOGPROBS: tl.constexpr, CHUNK: tl.constexpr,
+    C_PAD: tl.constexpr,
     CAP: tl.constexpr, CHUNK_ITERS: tl.constexpr, INDEX_ITERS: tl.constexpr, NV: tl.constexpr,
     NK: tl.constexpr,
     BLOCK: tl.constexpr, DRAW_BLOCK: tl.constexpr, MAX_PASSES: tl.constexpr,
@@ -664,8 +698,37 @@ def _draw_kernel(
     else:
         token = _search_token(row_ptr, V, u, c2, top_k, top_p, TOP_K, TOP_P, NV, NK, BLOCK,
                               DRAW_BLOCK, MAX_PASSES)
-    tl.store(Out_ptr + row, tl.minimum(token, V - 1).to(tl.int64))
+    token = tl.minimum(token, V - 1)
+    tl.store(Out_ptr + row, token.to(tl.int64))
     tl.store(Ok_ptr + row, ok.to(tl.int32))
+    if LOGPROBS:
+        tl.store(Lp_ptr + row, _token_logprob(row_ptr, token, Mc_ptr, S1_ptr, row, num_chunks, C_PAD))
+
+
+# ----------------------------------------------------------------------------- log-probs of given tokens
+
+
+@triton.jit
+def _token_logprob_kernel(X_ptr, Tok_ptr, Out_ptr, V, stride_xb, BLOCK: tl.constexpr):
+    """One row per program: log_softmax(x)[token] by an online log-sum-exp over the row."""
+    row = tl.program_id(0)
+    row_ptr = X_ptr + row.to(tl.int64) * stride_xb  # int64: B * stride overflows int32
+    # a finite start, so that lane_m - new_m is never inf - inf on an all -inf prefix
+    lane_m = tl.full([BLOCK], _NEG_BIG, tl.float32)
+    lane_s = tl.zeros([BLOCK], tl.float32)
+    for v0 in range(0, V, BLOCK):
+        offs = v0 + tl.arange(0, BLOCK)
+        x = tl.load(row_ptr + offs, mask=offs < V, other=-float("inf")).to(tl.float32)
+        new_m = tl.maximum(lane_m, x)
+        lane_s = lane_s * tl.exp2((lane_m - new_m) * _LOG2E_TL) + tl.exp2((x - new_m) * _LOG2E_TL)
+        lane_m = new_m
+    m = tl.max(lane_m, 0)
+    mass = tl.sum(lane_s * tl.exp2((lane_m - m) * _LOG2E_TL), 0)
+    token = tl.load(Tok_ptr + row)
+    # an id outside [0, V) reads nothing and gives NaN (the launcher cannot check ids without a sync)
+    inside = (token >= 0) & (token < V)
+    x_t = tl.load(row_ptr + tl.where(inside, token, 0), mask=inside, other=float("nan")).to(tl.float32)
+    tl.store(Out_ptr + row, (x_t - m) - tl.log2(mass) * _LN2_TL)
 
 
 # ----------------------------------------------------------------------------- launcher
@@ -679,15 +742,18 @@ def _config(device: torch.device, V: int) -> _Config:
 
 
 def _sample(logits: torch.Tensor, uniform: torch.Tensor, temperature: float, top_k: int,
-            top_p: float, cfg: _Config) -> tuple[torch.Tensor, torch.Tensor]:
-    """tokens [B] int64 and resolved [B] int32 (1 where the two sweeps sufficed, 0 where the row
-    took the search fallback)."""
+            top_p: float, cfg: _Config, logprobs: bool = False
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """tokens [B] int64, resolved [B] int32 (1 where the two sweeps sufficed, 0 where the row
+    took the search fallback) and, if `logprobs`, the tokens' log-probs [B] fp32 at temperature 1
+    before filtering (else None)."""
     B, V = logits.shape
     dev = logits.device
     tokens = torch.empty(B, dtype=torch.int64, device=dev)
     resolved = torch.empty(B, dtype=torch.int32, device=dev)
+    token_lp = torch.empty(B, dtype=torch.float32, device=dev) if logprobs else None
     if B == 0:
-        return tokens, resolved
+        return tokens, resolved, token_lp
     num_chunks = -(-V // cfg.chunk)
     c_pad = max(2, triton.next_power_of_2(num_chunks))
     nb, lp = cfg.num_bins, cfg.bins_per_doubling.bit_length() - 1
@@ -698,9 +764,12 @@ def _sample(logits: torch.Tensor, uniform: torch.Tensor, temperature: float, top
     m_c, s_c = torch.empty((B, num_chunks), **f32), torch.empty((B, num_chunks), **f32)
     cum = torch.empty((B, num_chunks, nb), dtype=torch.int32, device=dev)
     count = torch.empty(B, dtype=torch.int32, device=dev)
+    unit_mass = logprobs and temperature != 1.0
+    s1_c = torch.empty((B, num_chunks), **f32) if unit_mass else s_c  # temperature 1: s_c is it
     warps = cfg.sweep_warps
-    _stats_kernel[(B, num_chunks)](logits, m_c, s_c, cum, count, V, logits.stride(0), num_chunks,
-                                   c2, c2r, NB=nb, LP=lp, CHUNK=cfg.chunk, num_warps=warps)
+    _stats_kernel[(B, num_chunks)](logits, m_c, s_c, s1_c, cum, count, V, logits.stride(0), num_chunks,
+                                   c2, c2r, NB=nb, LP=lp, CHUNK=cfg.chunk, UNIT_MASS=unit_mass,
+                                   num_warps=warps)
     if use_k or use_p:
         plan, above = torch.empty((B, 4), **f32), torch.empty((B, num_chunks), **f32)
         xs = torch.empty((B, cfg.cap), **f32)
@@ -715,15 +784,15 @@ def _sample(logits: torch.Tensor, uniform: torch.Tensor, temperature: float, top
         plan = above = xs = ids = m_c  # not read without a filter
     on_cuda = dev.type == "cuda"
     _draw_kernel[(B,)](
-        logits, uniform, tokens, resolved, m_c, s_c, plan, above, count, xs, ids,
-        V, logits.stride(0), num_chunks, c2, top_k, top_p,
-        TOP_K=use_k, TOP_P=use_p, CHUNK=cfg.chunk, C_PAD=c_pad, CAP=cfg.cap,
+        logits, uniform, tokens, resolved, tokens if token_lp is None else token_lp, m_c, s_c, s1_c,
+        plan, above, count, xs, ids, V, logits.stride(0), num_chunks, c2, top_k, top_p,
+        TOP_K=use_k, TOP_P=use_p, LOGPROBS=logprobs, CHUNK=cfg.chunk, C_PAD=c_pad, CAP=cfg.cap,
         CHUNK_ITERS=c_pad.bit_length(), INDEX_ITERS=max(1, (V - 1).bit_length()), NV=_NUM_VALUE_PIVOTS, NK=_NUM_KEY_PIVOTS,
         BLOCK=_SEARCH_BLOCK_CUDA if on_cuda else cfg.chunk,
         DRAW_BLOCK=_SEARCH_DRAW_BLOCK_CUDA if on_cuda else cfg.chunk, MAX_PASSES=_MAX_PASSES,
         num_warps=cfg.draw_warps,
     )
-    return tokens, resolved
+    return tokens, resolved, token_lp
 
 
 def _check_args(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
@@ -747,6 +816,19 @@ def _check_uniform(logits: torch.Tensor, uniform: torch.Tensor, name: str) -> No
     if uniform.device != logits.device:
         raise ValueError(f"{name}: logits ({logits.device}) and uniform ({uniform.device}) must be "
                          "on one device")
+
+
+def _check_inputs(logits: torch.Tensor, uniform: torch.Tensor, temperature: float, top_k: int,
+                  top_p: float, name: str) -> None:
+    _check_args(logits, temperature, top_k, top_p, name)
+    _check_uniform(logits, uniform, name)
+    if logits.stride(1) != 1:
+        raise ValueError(f"{name}: the last dimension of logits must be contiguous")
+
+
+def _check_impl(impl: str, name: str) -> None:
+    if impl not in IMPLS:
+        raise ValueError(f"{name}: impl must be one of {IMPLS}, got {impl!r}")
 
 
 def sample_from_logits(
@@ -773,17 +855,42 @@ def sample_from_logits(
         tokens: [B] int64, the first index (vocabulary order) whose running kept probability
         exceeds uniform.
     """
-    if impl not in IMPLS:
-        raise ValueError(f"sample_from_logits: impl must be one of {IMPLS}, got {impl!r}")
+    _check_impl(impl, "sample_from_logits")
     if impl == "eager":
         return sample_from_logits_eager(logits, uniform, temperature=temperature, top_k=top_k,
                                         top_p=top_p)
-    _check_args(logits, temperature, top_k, top_p, "sample_from_logits")
-    _check_uniform(logits, uniform, "sample_from_logits")
-    if logits.stride(1) != 1:
-        raise ValueError("sample_from_logits: the last dimension of logits must be contiguous")
-    tokens, _ = _sample(logits, uniform, temperature, top_k, top_p, _config(logits.device, logits.shape[1]))
+    _check_inputs(logits, uniform, temperature, top_k, top_p, "sample_from_logits")
+    tokens, _, _ = _sample(logits, uniform, temperature, top_k, top_p, _config(logits.device, logits.shape[1]))
     return tokens
+
+
+def sample_with_logprobs(
+    logits: torch.Tensor,
+    uniform: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    impl: str = "triton",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample_from_logits`, and each token's log-prob under the unfiltered distribution.
+
+    Same arguments as `sample_from_logits`.
+
+    Returns:
+        tokens: [B] int64, `sample_from_logits`'s.
+        logprobs: [B] fp32, log_softmax(logits.float())[token]: temperature 1, no top-k or top-p,
+            whatever the sampling settings (the distribution the trainer's log-probs are taken
+            under, reference 4.9). Computed from sweep 1's sums: no extra pass over the logits.
+    """
+    _check_impl(impl, "sample_with_logprobs")
+    if impl == "eager":
+        return sample_with_logprobs_eager(logits, uniform, temperature=temperature, top_k=top_k,
+                                          top_p=top_p)
+    _check_inputs(logits, uniform, temperature, top_k, top_p, "sample_with_logprobs")
+    tokens, _, logprobs = _sample(logits, uniform, temperature, top_k, top_p,
+                                  _config(logits.device, logits.shape[1]), logprobs=True)
+    return tokens, logprobs
 
 
 def _kept_weights(x: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
@@ -837,4 +944,76 @@ def sample_from_logits_eager(
         token = torch.searchsorted(cdf, target[:, None], right=True)[:, 0]
         last = torch.where(w > 0, torch.arange(V, device=w.device), -1).amax(-1)
         parts.append(torch.where(token < V, token, last).clamp(min=0))
+    return torch.cat(parts)
+
+
+def sample_with_logprobs_eager(
+    logits: torch.Tensor,
+    uniform: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    impl: str = "eager",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The plain-PyTorch twin of `sample_with_logprobs`: `sample_from_logits_eager`'s tokens and
+    `token_logprobs_eager` at them. Same arguments and return."""
+    if impl != "eager":
+        raise ValueError(f"sample_with_logprobs_eager: impl must be 'eager', got {impl!r}")
+    tokens = sample_from_logits_eager(logits, uniform, temperature=temperature, top_k=top_k, top_p=top_p)
+    return tokens, token_logprobs_eager(logits, tokens)
+
+
+def _check_tokens(logits: torch.Tensor, tokens: torch.Tensor, name: str) -> None:
+    if logits.dim() != 2:
+        raise ValueError(f"{name}: logits must be [B, V], got shape {tuple(logits.shape)}")
+    if logits.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"{name}: logits must be bf16, fp16 or fp32, got {logits.dtype}")
+    if tokens.shape != (logits.shape[0],) or tokens.dtype != torch.int64:
+        raise ValueError(f"{name}: tokens must be [B] int64 with B = {logits.shape[0]}; got "
+                         f"{tuple(tokens.shape)} {tokens.dtype}")
+    if tokens.device != logits.device:
+        raise ValueError(f"{name}: logits ({logits.device}) and tokens ({tokens.device}) must be on one device")
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, *, impl: str = "triton") -> torch.Tensor:
+    """log_softmax(logits.float())[token] per row, without a [B, V] intermediate.
+
+    The greedy path's log-probs (sampling gets them from `sample_with_logprobs` at no extra pass).
+
+    Args:
+        logits: [B, V] bf16/fp16/fp32, last dim contiguous.
+        tokens: [B] int64 ids in [0, V) (an id outside gives NaN; the eager twin raises).
+        impl: "triton" (on CPU only under TRITON_INTERPRET=1) or "eager".
+
+    Returns:
+        [B] fp32 log-probs.
+    """
+    _check_impl(impl, "token_logprobs")
+    if impl == "eager":
+        return token_logprobs_eager(logits, tokens)
+    _check_tokens(logits, tokens, "token_logprobs")
+    if logits.stride(1) != 1:
+        raise ValueError("token_logprobs: the last dimension of logits must be contiguous")
+    B, V = logits.shape
+    out = torch.empty(B, dtype=torch.float32, device=logits.device)
+    if B == 0:
+        return out
+    block = _SEARCH_BLOCK_CUDA if logits.device.type == "cuda" else _config(logits.device, V).chunk
+    _token_logprob_kernel[(B,)](logits, tokens, out, V, logits.stride(0), BLOCK=block,
+                                num_warps=8 if logits.device.type == "cuda" else 1)
+    return out
+
+
+def token_logprobs_eager(logits: torch.Tensor, tokens: torch.Tensor, *, impl: str = "eager") -> torch.Tensor:
+    """The plain-PyTorch twin of `token_logprobs`: fp32 log_softmax over chunks of rows, then gather."""
+    if impl != "eager":
+        raise ValueError(f"token_logprobs_eager: impl must be 'eager', got {impl!r}")
+    _check_tokens(logits, tokens, "token_logprobs_eager")
+    B, V = logits.shape
+    rows = max(1, _EAGER_CHUNK_ELEMS // max(V, 1))
+    parts = [torch.empty(0, dtype=torch.float32, device=logits.device)]
+    for b0 in range(0, B, rows):
+        x = logits[b0:b0 + rows].float()  # (rows, V)
+        parts.append(x.gather(1, tokens[b0:b0 + rows, None])[:, 0] - x.logsumexp(-1))
     return torch.cat(parts)

@@ -4,15 +4,22 @@
 the protocol every engine implements (`rollout.build.build_rollout` makes the configured one);
 `new_token_limits` and `finished` are the one stop rule both engines apply. Engines work on token
 ids only: chat templates and decoding belong to the caller. An engine owns how it runs: eval
-mode, no autograd, its compute dtype; the caller gives it nothing but prompts, settings, a
-generator and, after each optimiser step, the actor's weights.
+mode, no autograd, its compute dtype, its memory; the caller gives it nothing but prompts,
+settings, a generator, after each optimiser step the actor's weights, and after each step the
+step's measured peak memory.
+
+Each generated token comes with its log-prob under the model's unmodified next-token distribution:
+log_softmax of the raw logits in fp32 at temperature 1, before temperature, top-k and top-p. That
+is the distribution the trainer takes the actor's log-probs under (reference 4.9: no temperature
+in training; Q18: the untruncated distribution), so with the same weights the two differ only by
+the engine's numerics (its weight copy, kernels and compute dtype).
 Invariant: a response ends with its stop token when it stopped on one (the token is kept).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 import torch
@@ -57,6 +64,21 @@ class RolloutEngine(Protocol):
         Returns:
             Response token ids per prompt, same order; the stop token is kept as the last token.
         """
+        ...
+
+    def response_logprobs(self) -> list[torch.Tensor] | None:
+        """Log-probs of the last `generate` call's tokens (see the module docstring).
+
+        Returns:
+            One [len(response)] fp32 CPU tensor per response, same order; None from an engine that
+            samples from no model (a scripted stand-in).
+        """
+        ...
+
+    def fit_memory(self, peak_gib: Mapping[str, float]) -> None:
+        """After a step: the peak allocated device memory (GiB) of each of its measured phases
+        (``gen``, ``rl``). An engine that sizes its memory from what a step needs (the paged
+        engine's KV pool without ``kv_cache_gib``) resizes here, between steps; others ignore it."""
         ...
 
     def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -5,9 +5,10 @@ evaluation samples through the same engine, with the same sizing rules, as valid
 `sampling_params` turns the config's generation keys into `SamplingParams`, once per run.
 
 Sizing (docs/rollout.md):
-- the paged engine's KV pool: ``kv_cache_gib``, else ``kv_cache_memory_fraction`` of the memory
-  free now less what the optimisers will still allocate (AdamW's two fp32 moments per trained
-  parameter appear at the first optimiser step, after the pool exists);
+- the paged engine's KV pool: ``kv_cache_gib``, fixed; else first ``kv_cache_memory_fraction`` of
+  the memory free now less what the optimisers will still allocate (AdamW's two fp32 moments per
+  trained parameter appear at the first optimiser step, after the pool exists), and in training
+  from then on what the measured steps leave (``engine.pool_sizing``, on CUDA);
 - the plain sampler's batch: every session on CPU; on a GPU as many sessions as a share of the free
   memory holds at ``gen_max_length`` (its KV cache is one contiguous row per session, sized for
   the longest one): a quarter when an RL phase follows and needs the rest, most of it otherwise.
@@ -24,7 +25,7 @@ from oreal_fast.config import ConfigError, TrainConfig
 from oreal_fast.model.decoder import Decoder
 from oreal_fast.progress import Progress
 from oreal_fast.rollout.base import RolloutEngine, SamplingParams
-from oreal_fast.rollout.engine import EngineConfig, PagedEngine, kv_cache_bytes
+from oreal_fast.rollout.engine import CudaMemory, EngineConfig, PagedEngine, PoolSizer, kv_cache_bytes
 from oreal_fast.rollout.plain_sampler import PlainSampler
 
 # Share of the free GPU memory the plain sampler's KV cache may take. In training the RL phase's
@@ -63,7 +64,9 @@ def build_rollout(cfg: TrainConfig, actor: Decoder, *, compute_dtype: torch.dtyp
         num_sessions: the most sessions one ``generate`` call will hold.
         optimizers: the trained models' optimisers; their states still to come are kept out of the pool.
         data_parallel: the actor is sharded (FSDP2), so the plain sampler needs a whole copy.
-        training: an RL phase follows each generation (the plain sampler then leaves it most of the memory).
+        training: an RL phase follows each generation (the plain sampler then leaves it most of the
+            memory; the paged engine's pool, unless ``kv_cache_gib`` fixes it, is resized from the
+            steps' measured peaks).
         progress: where the engine counts finished responses and sampled tokens as it generates.
 
     Raises:
@@ -84,10 +87,19 @@ def build_rollout(cfg: TrainConfig, actor: Decoder, *, compute_dtype: torch.dtyp
         max_prefill_tokens=cfg.max_prefill_tokens, cuda_graph=cfg.cuda_graph, keep_cache=cfg.rollout_keep_cache,
         decode_steps_per_round=cfg.decode_steps_per_round)
     try:
-        return PagedEngine(actor, config, dtype=compute_dtype, progress=progress)
+        return PagedEngine(actor, config, dtype=compute_dtype, sizer=pool_sizer(cfg, device, training),
+                           progress=progress)
     except ValueError as e:
         key = "kv_cache_gib" if cfg.kv_cache_gib is not None else "kv_cache_memory_fraction"
         raise ConfigError(f"{key} in {cfg.config_path}: {e}") from e
+
+
+def pool_sizer(cfg: TrainConfig, device: torch.device, training: bool) -> PoolSizer | None:
+    """What resizes the paged engine's pool between steps: in training on CUDA, unless
+    ``kv_cache_gib`` fixes the pool (an evaluation runs no steps to measure)."""
+    if not training or cfg.kv_cache_gib is not None or device.type != "cuda":
+        return None
+    return PoolSizer(CudaMemory(device))
 
 
 def _adam_state_bytes(optimizer: torch.optim.Optimizer) -> int:

@@ -2,19 +2,22 @@
 
 Sessions are taken `max_batch_size` at a time. Each batch: one packed prefill of all prompts
 (writing a contiguous KV cache, one row per session, in the compute dtype), then one-token decode
-steps for the sessions still running, under the stop rule of `base.finished`. Not here: paged
-memory, continuous batching, CUDA graphs, prefix sharing (the paged engine's job).
+steps for the sessions still running, under the stop rule of `base.finished`. Each sampled token's
+log-prob is log_softmax of the step's logits (in fp32, temperature 1, unfiltered) at the token,
+kept on the device until the batch ends. Not here: paged memory, continuous batching, CUDA
+graphs, prefix sharing (the paged engine's job).
 Invariant: responses come back in prompt order, whatever order sessions finish in.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import torch
 import torch.nn.functional as F
 
+from oreal_fast.kernels.sampling import token_logprobs_eager
 from oreal_fast.model.decoder import Decoder
 from oreal_fast.parallel import full_weights, load_weights
 from oreal_fast.progress import Progress
@@ -114,6 +117,7 @@ class PlainSampler:
         self._autocast = self.device.type == "cuda" and self.kv_dtype != torch.float32
         self._stats: dict[str, float] = {}
         self.progress = progress or Progress()
+        self._logprobs: list[torch.Tensor] = []
 
     def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy the actor's weights into the own copy; without one the actor's parameters are
@@ -121,9 +125,16 @@ class PlainSampler:
         if self.own_copy:
             load_weights(self.model, weights)
 
+    def fit_memory(self, peak_gib: Mapping[str, float]) -> None:
+        """Nothing to resize: the batch is sized once, at build (see `RolloutEngine.fit_memory`)."""
+
     def stats(self) -> dict[str, float]:
         """New tokens, seconds and tokens per second of the last `generate` call."""
         return dict(self._stats)
+
+    def response_logprobs(self) -> list[torch.Tensor]:
+        """Log-probs of the last `generate` call's tokens (see `RolloutEngine.response_logprobs`)."""
+        return self._logprobs
 
     def generate(
         self, prompts: list[list[int]], params: SamplingParams, generator: torch.Generator
@@ -136,27 +147,35 @@ class PlainSampler:
         autocast = torch.autocast(self.device.type, dtype=self.kv_dtype, enabled=self._autocast)
         try:
             with torch.no_grad(), autocast:
-                out = []
+                out, logprobs = [], []
                 for start in range(0, len(prompts), self.max_batch_size):
-                    out += self._generate_batch(prompts[start : start + self.max_batch_size], params, generator)
+                    batch_out, batch_logprobs = self._generate_batch(prompts[start : start + self.max_batch_size],
+                                                                     params, generator)
+                    out += batch_out
+                    logprobs += batch_logprobs
         finally:
             self.model.train(was_training)
         seconds = time.perf_counter() - t0
         generated = sum(len(r) for r in out)
+        self._logprobs = logprobs
         self._stats = {"generated_tokens": generated, "time_s": seconds, "tokens_per_s": generated / max(seconds, 1e-9)}
         return out
 
-    def _next_tokens(self, ids, positions, cu, max_seqlen, view, last, params, generator) -> torch.Tensor:
-        """One forward; the logits (in the compute dtype, as the reference) of rows `last` -> [B] ids."""
+    def _next_tokens(self, ids, positions, cu, max_seqlen, view, last, params,
+                     generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward; the logits (in the compute dtype, as the reference) of rows `last` ->
+        ([B] ids, [B] fp32 log-probs)."""
         def head(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
             return F.linear(hidden[last], weight)  # (B, V)
 
         logits = self.model(ids, positions, cu, max_seqlen, cache=view, head=head)
-        return sample_next_token(logits, params, generator)
+        tokens = sample_next_token(logits, params, generator)
+        return tokens, token_logprobs_eager(logits, tokens)
 
     def _generate_batch(
         self, prompts: list[list[int]], params: SamplingParams, generator: torch.Generator
-    ) -> list[list[int]]:
+    ) -> tuple[list[list[int]], list[torch.Tensor]]:
+        """Responses of one batch and their log-probs ([len] fp32 on the host each)."""
         device = self.model.embed.weight.device
         lens = torch.tensor([len(p) for p in prompts], device=device)
         limits = new_token_limits(lens, params)
@@ -167,13 +186,15 @@ class PlainSampler:
         positions = torch.cat([torch.arange(len(p), device=device) for p in prompts])
         cu = torch.nn.functional.pad(lens.cumsum(0), (1, 0)).to(torch.int32)
         rows = torch.arange(len(prompts), device=device)
-        tokens = self._next_tokens(ids, positions, cu, int(lens.max()), cache.view(rows, positions, cu),
-                                   cu[1:].long() - 1, params, generator)
+        tokens, lp = self._next_tokens(ids, positions, cu, int(lens.max()), cache.view(rows, positions, cu),
+                                       cu[1:].long() - 1, params, generator)
 
         responses: list[list[int]] = [[] for _ in prompts]
+        logprobs = torch.zeros(len(prompts), int(limits.max()), dtype=torch.float32, device=device)
         num_new = torch.zeros_like(lens)
         live = rows
         while True:
+            logprobs[live, num_new[live]] = lp
             num_new[live] += 1
             for i, tok in zip(live.tolist(), tokens.tolist()):
                 responses[i].append(tok)
@@ -181,11 +202,12 @@ class PlainSampler:
             sampled = len(live)
             if not bool(running.any()):
                 self.progress.add(done=sampled, tokens=sampled)
-                return responses
+                host = logprobs.cpu()
+                return responses, [host[i, : len(r)].clone() for i, r in enumerate(responses)]
             live, tokens = live[running], tokens[running]
             self.progress.add(done=sampled - len(live), tokens=sampled)
             step_pos = lens[live] + num_new[live] - 1
             step_cu = torch.arange(len(live) + 1, device=device, dtype=torch.int32)
             every = torch.arange(len(live), device=device)
-            tokens = self._next_tokens(tokens, step_pos, step_cu, 1, cache.view(live, step_pos, step_cu),
-                                       every, params, generator)
+            tokens, lp = self._next_tokens(tokens, step_pos, step_cu, 1, cache.view(live, step_pos, step_cu),
+                                           every, params, generator)

@@ -1,6 +1,8 @@
 """sample_from_logits: token-for-token parity with its eager twin, the official kept set, and the
 official distribution, on both of the kernel's paths (the two-sweep bracket and the search
-fallback; `_sample` reports which one each row took).
+fallback; `_sample` reports which one each row took). sample_with_logprobs and token_logprobs:
+the tokens' log-probs at temperature 1, unfiltered (sweep 1's log-sum-exp; the greedy kernel's
+online one) against their twins and an fp64 log_softmax.
 
 CPU: fp32 logits (and bf16 in one test) under TRITON_INTERPRET=1 at V = 37, 300 and 5000 (each
 row cut into a few chunks). GPU (skipped without CUDA): bf16 logits at the Qwen2.5 vocabulary,
@@ -15,7 +17,8 @@ import math
 import pytest
 import torch
 
-from oreal_fast.kernels import sample_from_logits, sample_from_logits_eager
+from oreal_fast.kernels import (sample_from_logits, sample_from_logits_eager, sample_with_logprobs,
+                                sample_with_logprobs_eager, token_logprobs, token_logprobs_eager)
 from oreal_fast.rollout.base import SamplingParams
 from oreal_fast.rollout.sampling import filter_logits
 
@@ -49,6 +52,13 @@ def _logits(B, V, device, seed, dtype=torch.float32, scale=2.0):
 
 def _k(top_k, V):
     return V if top_k == "V" else top_k
+
+
+def _assert_logprobs(got, x, tokens, atol=1e-5):
+    """got [B] fp32 against log_softmax(x) at temperature 1 in fp64, at `tokens`."""
+    ref = torch.log_softmax(x.double(), -1).gather(1, tokens[:, None])[:, 0]
+    assert got.dtype == torch.float32 and got.shape == tokens.shape
+    torch.testing.assert_close(got.double(), ref, atol=atol, rtol=0)
 
 
 def _assert_same_tokens(got, ref, x, u):
@@ -121,11 +131,13 @@ def test_both_paths_match_eager(path, temperature, top_k, top_p, device):
     """The bracket path and the fallback give the eager twin's tokens; `resolved` says which ran."""
     V = 300
     x, u = _logits(6, V, device, seed=11)
-    tokens, resolved = smp._sample(x, u, temperature, top_k, top_p, _paths_config(path, device, V))
+    tokens, resolved, logprobs = smp._sample(x, u, temperature, top_k, top_p, _paths_config(path, device, V),
+                                             logprobs=True)
     _assert_same_tokens(tokens, sample_from_logits_eager(x, u, temperature=temperature, top_k=top_k,
                                                          top_p=top_p), x, u)
     want = 1 if path == "wide" else 0
     assert resolved.tolist() == [want] * 6, f"{path}: rows resolved by the two sweeps {resolved.tolist()}"
+    _assert_logprobs(logprobs, x, tokens)
 
 
 def test_bracket_of_a_few_percent_resolves_ordinary_rows(device):
@@ -137,7 +149,7 @@ def test_bracket_of_a_few_percent_resolves_ordinary_rows(device):
     cfg = smp._config(torch.device(device), V)
     cfg = dataclasses.replace(cfg, budget=V // 40, cap=max(cfg.cap, 512))
     for top_k, top_p in [(0, 0.9), (20, 0.9), (50, 1.0), (0, 0.5)]:
-        tokens, resolved = smp._sample(x, u, 1.0, top_k, top_p, cfg)
+        tokens, resolved, _ = smp._sample(x, u, 1.0, top_k, top_p, cfg)
         resolved[1] = 1
         assert resolved.all(), f"top_k {top_k} top_p {top_p}: fallback on rows {(resolved == 0).nonzero().flatten().tolist()}"
         _assert_same_tokens(tokens, sample_from_logits_eager(x, u, top_k=top_k, top_p=top_p), x, u)
@@ -230,6 +242,58 @@ def test_masked_vocabulary_rows(top_k, top_p, device):
     assert torch.isfinite(x.gather(1, got[:, None])).all() and (x.gather(1, got[:, None]) > -1e29).all()
 
 
+@pytest.mark.parametrize("V", VOCABS)
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 5, 0.9), (1.3, 0, 0.5), (1.0, 1, 0.9)],
+                         ids=["T1", "T0.7-k5-p0.9", "T1.3-p0.5", "T1-k1-p0.9"])
+def test_logprobs_are_the_unfiltered_distributions(V, temperature, top_k, top_p, device):
+    """sample_with_logprobs: the tokens of sample_from_logits and log_softmax(x)[token] at
+    temperature 1 (not the tempered or filtered distribution), as its twin; rows with -inf
+    entries and a planted row (one token ~30 above the rest) included."""
+    x, u = _logits(5, V, device, seed=20 + V)
+    x[3, ::4] = float("-inf")
+    kw = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    tokens, logprobs = sample_with_logprobs(x, u, **kw)
+    eager_tokens, eager_logprobs = sample_with_logprobs_eager(x, u, **kw)
+    _assert_same_tokens(tokens, sample_from_logits(x, u, **kw), x, u)
+    _assert_same_tokens(tokens, eager_tokens, x, u)
+    _assert_logprobs(logprobs, x, tokens)
+    _assert_logprobs(eager_logprobs, x, tokens)
+
+
+@pytest.mark.parametrize("impl", ["triton", "eager"])
+@pytest.mark.parametrize("V", VOCABS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_token_logprobs_match_an_fp64_log_softmax(impl, V, dtype, device):
+    """Given tokens (greedy's argmax and arbitrary ones), -inf entries in a row included."""
+    x, _ = _logits(6, V, device, seed=30 + V, dtype=dtype)
+    x[3, 1::3] = float("-inf")
+    g = torch.Generator(device="cpu").manual_seed(V)
+    tokens = torch.randint(0, V, (6,), generator=g).to(device)
+    tokens[3] = 0  # a finite entry of the masked row
+    tokens[:2] = x[:2].argmax(-1)
+    _assert_logprobs(token_logprobs(x, tokens, impl=impl), x, tokens)
+
+
+def test_token_logprobs_outside_the_vocabulary_is_nan_not_a_read_past_the_row(device):
+    x, _ = _logits(3, 37, device, seed=5)
+    out = token_logprobs(x, torch.tensor([3, 37, -1], device=device))
+    assert torch.isfinite(out[0]) and out[1:].isnan().all()
+    assert token_logprobs(x[:0], torch.zeros(0, dtype=torch.int64, device=device)).shape == (0,)
+
+
+@pytest.mark.parametrize("impl", ["triton", "eager"])
+@pytest.mark.parametrize(
+    "logits,tokens,match",
+    [(torch.zeros(3), torch.zeros(3, dtype=torch.int64), "logits must be \\[B, V\\]"),
+     (torch.zeros(3, 5, dtype=torch.float64), torch.zeros(3, dtype=torch.int64), "logits must be bf16, fp16 or fp32"),
+     (torch.zeros(3, 5), torch.zeros(3, dtype=torch.int32), "tokens must be \\[B\\] int64"),
+     (torch.zeros(3, 5), torch.zeros(2, dtype=torch.int64), "tokens must be \\[B\\] int64")],
+    ids=["logits_dim", "logits_dtype", "tokens_dtype", "tokens_shape"])
+def test_token_logprobs_bad_arguments_name_the_fault(impl, logits, tokens, match):
+    with pytest.raises(ValueError, match=f"token_logprobs.*{match}"):
+        token_logprobs(logits, tokens, impl=impl)
+
+
 def test_empty_batch(device):
     out = sample_from_logits(torch.zeros(0, 50, device=device), torch.zeros(0, device=device), top_p=0.9)
     assert out.shape == (0,) and out.dtype == torch.int64
@@ -267,6 +331,10 @@ def test_non_contiguous_vocabulary_is_refused(device):
     x = torch.zeros(10, 3, device=device).t()
     with pytest.raises(ValueError, match="last dimension of logits must be contiguous"):
         sample_from_logits(x, torch.zeros(3, device=device))
+    with pytest.raises(ValueError, match="sample_with_logprobs: the last dimension of logits must be contiguous"):
+        sample_with_logprobs(x, torch.zeros(3, device=device))
+    with pytest.raises(ValueError, match="token_logprobs: the last dimension of logits must be contiguous"):
+        token_logprobs(x, torch.zeros(3, dtype=torch.int64, device=device))
 
 
 QWEN_V = 151936
@@ -290,6 +358,19 @@ def test_bf16_qwen_vocabulary(temperature, top_k, top_p, poison_cuda_allocator):
     # token masses of 1e-5-1e-3 here, so about 1 % of rows (measured on an H200: 0-3 of 256).
     # A wrong kernel differs on most rows.
     assert int((got != ref).sum()) <= 8, f"rows differ: {(got != ref).nonzero().flatten().tolist()}"
+
+
+@needs_cuda
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 0.9), (0.7, 20, 0.9), (1.0, 0, 1.0)])
+def test_bf16_qwen_vocabulary_logprobs(temperature, top_k, top_p, poison_cuda_allocator):
+    """bf16 at V = 151936: the fused log-probs (sampled) and token_logprobs (greedy's argmax)
+    against an fp64 log_softmax: fp32 sums of 151936 terms, ~1e-6 relative."""
+    x, u = _logits(256, QWEN_V, "cuda", seed=9, dtype=torch.bfloat16, scale=3.0)
+    poison_cuda_allocator()
+    tokens, logprobs = sample_with_logprobs(x, u, temperature=temperature, top_k=top_k, top_p=top_p)
+    _assert_logprobs(logprobs, x, tokens, atol=1e-4)
+    greedy = x.argmax(-1)
+    _assert_logprobs(token_logprobs(x, greedy), x, greedy, atol=1e-4)
 
 
 @needs_cuda
@@ -323,7 +404,7 @@ def test_bf16_qwen_vocabulary_takes_two_sweeps(temperature, top_k, top_p):
     threshold. (The planted near-uniform row, all logits within 1e-3, fits in one histogram bin:
     it may fall back.)"""
     x, u = _logits(256, QWEN_V, "cuda", seed=7, dtype=torch.bfloat16, scale=3.0)
-    tokens, resolved = smp._sample(x, u, temperature, top_k, top_p, smp._config(x.device, QWEN_V))
+    tokens, resolved, _ = smp._sample(x, u, temperature, top_k, top_p, smp._config(x.device, QWEN_V))
     resolved[1] = 1
     assert resolved.all(), f"fallback on rows {(resolved == 0).nonzero().flatten().tolist()}"
     assert smp.kept_mask_eager(x, temperature=temperature, top_k=top_k,

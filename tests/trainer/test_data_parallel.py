@@ -172,10 +172,13 @@ def test_two_ranks_equal_one_process(two_rank_results, case):
 
 class KeyedRollout:
     """Sample j of a prompt's group answers ``TEXTS[(sum of the prompt's ids + j) % len(TEXTS)]``:
-    the same responses whichever rank generates the prompt (groups arrive whole and in order)."""
+    the same responses whichever rank generates the prompt (groups arrive whole and in order).
+    Its log-probs are keyed too (-1 - (token mod 97) / 100): no model's, but the same on every
+    rank, so the rollout check's gather and MAX over ranks must give the 1-process metrics."""
 
     def __init__(self, tokenizer, stop_token_id: int) -> None:
         self.tokenizer, self.stop_token_id = tokenizer, stop_token_id
+        self.logprobs: list[torch.Tensor] = []
 
     def generate(self, prompts, params, generator):
         out = []
@@ -183,10 +186,17 @@ class KeyedRollout:
             text = TEXTS[(sum(prompt) + i % K) % len(TEXTS)]
             out.append(self.tokenizer.encode(text, add_special_tokens=False)[: params.max_new_tokens - 1]
                        + [self.stop_token_id])
+        self.logprobs = [-1.0 - (torch.tensor(r, dtype=torch.float32) % 97) / 100 for r in out]
         return out
 
     def sync_weights(self, weights):
         pass  # keyed texts do not depend on the weights
+
+    def response_logprobs(self):
+        return self.logprobs
+
+    def fit_memory(self, peak_gib):
+        pass  # nothing here is sized from memory
 
     def stats(self):
         return {}
@@ -238,6 +248,7 @@ def test_two_trainer_steps_on_two_ranks_equal_one_process(tmp_path, tiny_model_d
     single, double = _rows(single_dir), _rows(double_dir)
     assert [r["step"] for r in double] == [1, 2]
     assert all(r["num_kept"] > 0 for r in single) and single[1]["actor_grad_norm"] > 0
+    assert all(r["rollout_logprob_abs_diff_max"] > r["rollout_logprob_abs_diff_mean"] > 0 for r in single)
     for s_row, d_row in zip(single, double):
         assert s_row.keys() == d_row.keys()
         for key, value in s_row.items():

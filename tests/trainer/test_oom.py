@@ -46,8 +46,8 @@ def test_out_of_memory_in_the_rl_phase(tmp_path, tiny_model_dir, prompt_file, mo
     assert err.strip().splitlines()[-1] == (
         "out of GPU memory in step 2, phase rl: peak not measured off CUDA, cap none (CUDA out of memory. Tried "
         "to allocate 2.00 GiB); to fit, try: a smaller rl_micro_batch_tokens (tokens per micro-batch); "
-        "selective_recompute up to 1.0 (recompute every block); a smaller kv_cache_gib (the pool stays allocated "
-        "while the RL phase runs); rollout_keep_cache False; resume state state-1.pt (1 step(s) done) is on disk; continue with: "
+        "selective_recompute up to 1.0 (recompute every block); a kv_cache_gib below the logged rollout_kv_pool_gib "
+        "(the KV pool stays allocated while the RL phase runs); rollout_keep_cache False; resume state state-1.pt (1 step(s) done) is on disk; continue with: "
         f"{os.path.basename(os.sys.executable)} -m oreal_fast.train {cfg} --resume {run}")
     assert sorted(os.listdir(os.path.join(run, "resume"))) == ["state-1.json", "state-1.pt"]
     assert ckpt.verify_state(ckpt.state_path(run, 1)) is None

@@ -100,6 +100,12 @@ class ScriptedRollout:
     def sync_weights(self, weights):
         pass  # scripted texts do not depend on the weights
 
+    def response_logprobs(self):
+        return None  # scripted texts come from no model distribution
+
+    def fit_memory(self, peak_gib):
+        pass  # nothing here is sized from memory
+
     def stats(self):
         return {}
 

@@ -10,7 +10,8 @@ host syncs once at its end (each row's token count and stop flag). A row that st
 round runs the round's remaining steps without effect (counted as `wasted_row_steps`); finished
 sequences free their blocks at the round's end and waiting ones take them; when the pool runs
 out the newest sequence is preempted and later recomputed (`scheduler`). The generated tokens
-stay on the device until the call ends.
+and their log-probs (`base`: the unmodified distribution, computed inside the decode step) stay
+on the device until the call ends.
 
 Why rounds rather than overlapping the host's next step with the current replay: the stop check
 must run before the next step is planned, so an overlapped host still runs the scheduler's
@@ -21,18 +22,21 @@ Memory (Qwen2.5-0.5B in bf16: 494 M params): the weight copy costs params x 2 by
 refreshed in place by `sync_weights` after each optimiser step; no fp32 copy is kept. The KV pool
 is `kv_cache_bytes` (12 KiB per token for 0.5B), the logits buffer max_num_seqs x V x 2 bytes
 (311 MB at 1024 x 151 936), the graphs' shared pool about one decode step's activations at
-max_num_seqs (a few hundred MB at 0.5B), a round's uniforms and tokens 12 bytes x
-decode_steps_per_round x max_num_seqs (197 KB at 16 x 1024). With `keep_cache` (default) pool,
+max_num_seqs (a few hundred MB at 0.5B), a round's uniforms, tokens and log-probs 16 bytes x
+decode_steps_per_round x max_num_seqs (262 KB at 16 x 1024), and per call the generated tokens
+and their log-probs, 8 bytes x samples x (max new tokens + 1). With `keep_cache` (default) pool,
 buffer and graphs stay between `generate` calls (the RL phase runs beside them); without it they
 are freed after each call and rebuilt at the next (every bucket recaptured per call; the memory
-goes back to the RL phase).
+goes back to the RL phase). With a `sizer` the pool is resized between steps from what each step
+needed (`fit_memory`, `pool_sizing`).
 
 Sampling follows reference 4.2 as a distribution (`oreal_fast.kernels.sampling`: inverse CDF on one
 uniform per row and step from the caller's generator), so a run resumed with the generator's state
 samples what the straight run did. The stream: each prefill chunk draws `torch.rand(k_total)` for
 its first tokens; each decode round draws `torch.rand(steps, num_rows)` in one call, element
 [j, r] feeding row r at step j. Which uniform feeds which token therefore depends on
-`decode_steps_per_round`: a sampled run is reproducible for a given D, not across D. Greedy runs
+`decode_steps_per_round`: a sampled run is reproducible for a given D, not across D, and where
+the pool preempts, for a given pool size (a resized pool admits rows in other rounds). Greedy runs
 pick the same tokens for every D (on the GPU, up to bf16 near-ties: rows leave and join the batch
 at round ends, so a step may run at another batch bucket).
 
@@ -44,9 +48,9 @@ on one; after `generate` every KV block is free.
 
 from __future__ import annotations
 
-import os
+import dataclasses
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,6 +61,7 @@ from oreal_fast.progress import Progress
 from oreal_fast.rollout.base import SamplingParams, check_prompts, new_token_limits
 from oreal_fast.rollout.engine.block_manager import BlockManager
 from oreal_fast.rollout.engine.model_runner import ModelRunner, sample_tokens
+from oreal_fast.rollout.engine.pool_sizing import PoolSizer
 from oreal_fast.rollout.engine.scheduler import PrefillItem, Scheduler
 from oreal_fast.rollout.engine.sequence import group_prompts
 
@@ -99,23 +104,6 @@ class RoundCounts:
         self.live_row_steps += taken
 
 
-def kv_cache_bytes(device: torch.device, *, gib: float | None, memory_fraction: float, reserve_bytes: int = 0) -> int:
-    """Bytes for the KV pool: `gib` GiB when set, else `memory_fraction` of the memory free now
-    (device memory on CUDA, within the process's memory-fraction cap; available RAM on CPU) minus
-    `reserve_bytes` (memory the caller will still allocate, e.g. optimiser states made at the first step)."""
-    if gib is not None:
-        return int(gib * 2**30)
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        free, total = torch.cuda.mem_get_info(index)
-        # under a per-process cap (gpu_memory_limit_gib) only what the cap leaves counts
-        cap = int(torch.cuda.get_per_process_memory_fraction(index) * total)
-        free = min(free, cap - torch.cuda.memory_reserved(index))
-    else:
-        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return max(0, int(memory_fraction * (free - reserve_bytes)))
-
-
 class PagedEngine:
     """Implements `RolloutEngine` (see the module docstring).
 
@@ -125,33 +113,88 @@ class PagedEngine:
         dtype: compute dtype of the copy and the pool (default the actor's parameter dtype).
         progress: gets the responses finished and tokens sampled at each prefill chunk's and decode
             round's one host sync, from the values that sync reads (no sync of its own).
+        sizer: resizes the pool between steps from each step's measured need (`fit_memory`,
+            `pool_sizing`); None keeps `config.kv_cache_bytes`.
     """
 
     def __init__(self, actor: Decoder, config: EngineConfig, *, dtype: torch.dtype | None = None,
-                 progress: Progress | None = None) -> None:
-        self.config = config
+                 sizer: PoolSizer | None = None, progress: Progress | None = None) -> None:
+        self.config, self.sizer = config, sizer
         dtype = dtype or actor.embed.weight.dtype
         c = actor.config
-        block_bytes = 2 * c.num_layers * config.block_size * c.num_kv_heads * c.head_dim * dtype.itemsize
-        max_blocks_per_seq = -(-config.max_model_len // config.block_size)
-        useful = config.max_num_seqs * max_blocks_per_seq  # more could never be used at once
-        capacity = min(config.kv_cache_bytes // block_bytes, useful)
-        watermark = int(config.watermark * capacity)
-        if capacity - watermark < max_blocks_per_seq:
-            raise ValueError(
-                f"KV pool of {config.kv_cache_bytes / 2**30:.3g} GiB holds {capacity * config.block_size} tokens "
-                f"({block_bytes} bytes per block of {config.block_size}): less than one sequence of "
-                f"max_model_len = {config.max_model_len} tokens; raise kv_cache_gib or kv_cache_memory_fraction")
-        self.blocks = BlockManager(capacity + 1, config.block_size)  # + the null block
-        self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_prefill_batch,
-                                   config.max_prefill_tokens, watermark)
+        self.block_bytes = 2 * c.num_layers * config.block_size * c.num_kv_heads * c.head_dim * dtype.itemsize
+        self.max_blocks_per_seq = -(-config.max_model_len // config.block_size)
+        capacity = self._pool_blocks(config.kv_cache_bytes)
         self.runner = ModelRunner(actor, dtype=dtype, num_blocks=capacity + 1, block_size=config.block_size,
                                   max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
                                   cuda_graph=config.cuda_graph, steps_per_round=config.decode_steps_per_round)
+        self._track_blocks(capacity)
         self.device = self.runner.device
         self.runner.allocate()
         self._stats: dict[str, float] = {}
         self.progress = progress or Progress()
+        self._logprobs: list[torch.Tensor] = []
+
+    def _pool_blocks(self, kv_cache_bytes: int) -> int:
+        """Blocks a pool of `kv_cache_bytes` holds, the null block aside, capped at what the engine
+        could ever use at once (max_num_seqs sequences of max_model_len)."""
+        config, block_bytes = self.config, self.block_bytes
+        capacity = min(kv_cache_bytes // block_bytes, config.max_num_seqs * self.max_blocks_per_seq)
+        if capacity - int(config.watermark * capacity) < self.max_blocks_per_seq:
+            raise ValueError(
+                f"KV pool of {kv_cache_bytes / 2**30:.3g} GiB holds {capacity * config.block_size} tokens "
+                f"({block_bytes} bytes per block of {config.block_size}): less than one sequence of "
+                f"max_model_len = {config.max_model_len} tokens; raise kv_cache_gib or kv_cache_memory_fraction")
+        return capacity
+
+    def _track_blocks(self, capacity: int) -> None:
+        config = self.config
+        self.blocks = BlockManager(capacity + 1, config.block_size)  # + the null block
+        self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_prefill_batch,
+                                   config.max_prefill_tokens, int(config.watermark * capacity))
+
+    @property
+    def pool_bytes(self) -> int:
+        """The pool's size as `EngineConfig.kv_cache_bytes` counts it (the null block aside)."""
+        return self.blocks.capacity * self.block_bytes
+
+    def pool_bytes_range(self) -> tuple[int, int]:
+        """(smallest, largest) pool the engine takes: one max_model_len sequence beside the
+        watermark, and max_num_seqs of them."""
+        smallest = self.max_blocks_per_seq
+        while smallest - int(self.config.watermark * smallest) < self.max_blocks_per_seq:
+            smallest += 1
+        return smallest * self.block_bytes, self.config.max_num_seqs * self.max_blocks_per_seq * self.block_bytes
+
+    def fit_memory(self, peak_gib: Mapping[str, float]) -> None:
+        """Resize the pool from a step's peaks, when a `sizer` is set (see `RolloutEngine.fit_memory`).
+
+        The step's need is its peak besides the pool over the phases the pool was allocated in:
+        ``gen``, and ``rl`` too with ``keep_cache``.
+        """
+        if self.sizer is None:
+            return
+        phases = ("gen", "rl") if self.config.keep_cache else ("gen",)
+        need = int(max(peak_gib[p] for p in phases) * 2**30) - self.pool_bytes
+        smallest, largest = self.pool_bytes_range()
+        target = self.sizer.next_bytes(self.pool_bytes, need, min_bytes=smallest, max_bytes=largest)
+        if target != self.pool_bytes:
+            self.resize_pool(target)
+
+    def resize_pool(self, kv_cache_bytes: int) -> None:
+        """A pool of `kv_cache_bytes` from now on, between `generate` calls (every block is free
+        then): the old pool and the graphs are freed first, then the new pool is allocated and the
+        graphs recaptured (if the old one was allocated; else at the next call)."""
+        if self.blocks.num_used:
+            raise RuntimeError(f"resize_pool: {self.blocks.num_used} KV blocks are in use; resize between calls")
+        capacity = self._pool_blocks(kv_cache_bytes)
+        allocated = self.runner.allocated
+        self.runner.free()
+        self.runner.set_pool_blocks(capacity + 1)
+        self.config = dataclasses.replace(self.config, kv_cache_bytes=kv_cache_bytes)
+        self._track_blocks(capacity)
+        if allocated:
+            self.runner.allocate()
 
     def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Refresh the weight copy in place (see `RolloutEngine.sync_weights`)."""
@@ -159,7 +202,7 @@ class PagedEngine:
 
     def stats(self) -> dict[str, float]:
         """The last `generate` call: tokens, time, decode steps and rounds, live batch, wasted row steps,
-        KV use, prefix sharing, preemption."""
+        the pool's size and use, prefix sharing, preemption."""
         return dict(self._stats)
 
     def generate(
@@ -197,12 +240,18 @@ class PagedEngine:
                 else:
                     self._decode_round(params, generator, rounds)
             out = self.runner.responses([s.num_new for s in seqs])
+            self._logprobs = self.runner.response_logprobs([s.num_new for s in seqs])
         if not self.config.keep_cache:
             self.runner.free()
         self._record_stats(out, rounds, time.perf_counter() - t0)
         return out
 
-    def _sample(self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
+    def response_logprobs(self) -> list[torch.Tensor]:
+        """Log-probs of the last `generate` call's tokens (see `RolloutEngine.response_logprobs`)."""
+        return self._logprobs
+
+    def _sample(self, logits: torch.Tensor, params: SamplingParams,
+                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         uniform = torch.rand(logits.shape[0], generator=generator, device=self.device) if params.do_sample else None
         return sample_tokens(logits, uniform, params, self.runner.sample_impl)
 
@@ -212,11 +261,12 @@ class PagedEngine:
                  for it in chunk]
         fresh = [i for i, it in enumerate(chunk) if it.fresh]
         logits = runner.prefill(specs, fresh)
-        first = None
+        first = first_lp = None
         if fresh:  # k independent draws from each prompt's one distribution
             counts = torch.tensor([len(chunk[i].seqs) for i in fresh], device=self.device)
             total = sum(len(chunk[i].seqs) for i in fresh)
-            first = self._sample(logits.repeat_interleave(counts, dim=0, output_size=total), params, generator)
+            first, first_lp = self._sample(logits.repeat_interleave(counts, dim=0, output_size=total), params,
+                                           generator)
         start_row = runner.num_rows
         runner.copy_blocks(self.scheduler.admit(chunk))
         pieces, segments, offset, row = [], [], 0, start_row
@@ -234,7 +284,7 @@ class PagedEngine:
                         [s.limit for s in new], [s.out_row for s in new], [s.block_table for s in new])
         done = torch.zeros(runner.num_rows, dtype=torch.bool, device=self.device)
         for row, offset, m in segments:
-            done[row : row + m] = runner.record(row, first[offset : offset + m])
+            done[row : row + m] = runner.record(row, first[offset : offset + m], first_lp[offset : offset + m])
         self._finish(done, first_tokens=0 if first is None else len(first))
 
     def _decode_round(self, params: SamplingParams, generator: torch.Generator, counts: RoundCounts) -> None:
@@ -275,6 +325,7 @@ class PagedEngine:
             "decode_rounds": rounds.rounds,
             "mean_live_batch": rounds.live_row_steps / max(rounds.steps, 1),
             "wasted_row_steps": rounds.row_steps - rounds.live_row_steps,
+            "kv_pool_gib": self.pool_bytes / 2**30,
             "peak_kv_use": s.peak_blocks_used / self.blocks.capacity,
             "prefix_hit_rate": 1.0 - s.prompt_tokens_prefilled / max(s.prompt_tokens, 1),
             "kv_blocks_saved": s.kv_blocks_saved,

@@ -22,11 +22,18 @@ stopped earlier in the round write nothing anyone reads.
 A round (`start_round`, `decode_step` x steps, `end_round`) runs several decode steps with no host
 sync: each step is the forward, then its tail, all on the device: sample (greedy argmax, or the
 sampler on row `step` of the round's uniforms [steps, num_rows]), store the tokens in the round
-buffer `round_tokens` [steps_per_round, max_num_seqs], count the token of every row not done,
-mark done the rows that now meet the stop rule, and advance the others (pending token,
-position), so a stopped row's later tokens are never recorded and its num_new stays. `end_round`
-moves the recorded tokens into the call's output buffer and reads num_new and done back: the
-round's one host sync.
+buffer `round_tokens` [steps_per_round, max_num_seqs] and their log-probs in `round_logprobs`
+(fp32, the same shape), count the token of every row not done, mark done the rows that now meet
+the stop rule, and advance the others (pending token, position), so a stopped row's later tokens
+are never recorded and its num_new stays. `end_round`
+moves the recorded tokens and log-probs into the call's output buffers and reads num_new and done
+back: the round's one host sync.
+
+Log-probs: each sampled token's log_softmax(logits.float())[token] at temperature 1, before any
+filter (the distribution the trainer's log-probs are taken under), from the sampler's own sweep
+(`sample_with_logprobs`), or for greedy rows from `token_logprobs` (one more read of the logits).
+The prefill's first tokens get theirs the same way; a recomputed sequence keeps the log-probs
+its tokens were sampled with.
 
 CUDA graphs: one forward graph per batch bucket (1, 2, 4, 8, 16, 32, then steps of 32 to 256 and of
 64 beyond, up to max_num_seqs), captured at `allocate`, largest first, into one shared memory
@@ -47,11 +54,13 @@ may add one to a GEMM, e.g. a split-K reduction):
   8. silu_mul on the two halves of the gate|up output
   9. down GEMM
 and once per step: the embedding, the slot and context-length arithmetic, the final add_rms_norm
-and the LM head; sampling and the stop check after it.
+and the LM head; sampling (with the tokens' log-probs; greedy rows take one more pass over the
+logits), recording and the stop check after it.
 
 Not here: which rows exist (`scheduler`), sampling and the loop (`engine`).
 Invariant: the weights, the pool and the row-state tensors are allocated once and only written in
-place, so captured graphs stay valid; rows >= num_rows are zero and done.
+place, so captured graphs stay valid (a pool of another size comes only after `free`, which drops
+the graphs with the old pool); rows >= num_rows are zero and done.
 """
 
 from __future__ import annotations
@@ -63,7 +72,7 @@ import torch
 import torch.nn.functional as F
 
 from oreal_fast.kernels.paged_attention import paged_decode_attention
-from oreal_fast.kernels.sampling import sample_from_logits
+from oreal_fast.kernels.sampling import sample_with_logprobs, token_logprobs
 from oreal_fast.kernels.trunk_inference import rope_write_kv
 from oreal_fast.model.attention import make_backend, resolve_backend_name
 from oreal_fast.model.decoder import Decoder, max_rope_positions
@@ -83,13 +92,15 @@ def batch_buckets(max_num_seqs: int) -> list[int]:
 
 
 def sample_tokens(logits: torch.Tensor, uniform: torch.Tensor | None, params: SamplingParams,
-                  impl: str) -> torch.Tensor:
+                  impl: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Next tokens [B] int64 from logits [B, V]: greedy argmax, or reference 4.2 by inverse CDF on
-    `uniform` [B] fp32 (one draw per row from the caller's generator; None when greedy)."""
+    `uniform` [B] fp32 (one draw per row from the caller's generator; None when greedy); and
+    their log-probs [B] fp32 under log_softmax(logits.float()) (temperature 1, unfiltered)."""
     if not params.do_sample:
-        return logits.argmax(dim=-1)
-    return sample_from_logits(logits, uniform, temperature=params.temperature, top_k=params.top_k,
-                              top_p=params.top_p, impl=impl)
+        tokens = logits.argmax(dim=-1)
+        return tokens, token_logprobs(logits, tokens, impl=impl)
+    return sample_with_logprobs(logits, uniform, temperature=params.temperature, top_k=params.top_k,
+                                top_p=params.top_p, impl=impl)
 
 
 class PrefillCache:
@@ -169,9 +180,11 @@ class ModelRunner:
         self.step, self.round_start = zeros(1), zeros(R)
         self.uniform = torch.zeros(steps_per_round, R, dtype=torch.float32, device=device)
         self.round_tokens = zeros(steps_per_round, R)
+        self.round_logprobs = torch.zeros(steps_per_round, R, dtype=torch.float32, device=device)
         self.num_rows = 0
         self.kv: torch.Tensor | None = None
         self.generated: torch.Tensor | None = None
+        self.generated_logprobs: torch.Tensor | None = None
         self.sampling: SamplingParams | None = None
         self.stop_ids = zeros(0)
         self._stop_ids: dict[tuple[int, ...], torch.Tensor] = {}  # one tensor per stop set, as graphs read it
@@ -201,13 +214,19 @@ class ModelRunner:
     def free(self) -> None:
         """Drop the pool, the graphs and the logits buffer (the weight copy stays)."""
         self.graphs, self.tail_graphs, self._graph_pool = {}, {}, None
-        self.kv, self.logits, self.generated = None, None, None
+        self.kv, self.logits, self.generated, self.generated_logprobs = None, None, None, None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
     @property
     def allocated(self) -> bool:
         return self.kv is not None
+
+    def set_pool_blocks(self, num_blocks: int) -> None:
+        """The pool's block count (null block included) for the next `allocate`; the pool must be freed."""
+        if self.allocated:
+            raise RuntimeError("set_pool_blocks: free the pool first (captured graphs hold its address)")
+        self.num_blocks = num_blocks
 
     def _capture(self) -> None:
         pool = None
@@ -227,10 +246,11 @@ class ModelRunner:
     # ------------------------------------------------------------------ a generate call
 
     def begin(self, num_outputs: int, max_new: int, params: SamplingParams) -> None:
-        """Output buffer [num_outputs, max_new + 1] int32 for this call's generated tokens (the last
-        column takes the tokens a row samples after it stopped inside a round, never read), and the
-        call's sampling settings and stop ids."""
+        """Output buffers [num_outputs, max_new + 1] for this call's generated tokens (int32) and
+        their log-probs (fp32; the last column takes what a row samples after it stopped inside a
+        round, never read), and the call's sampling settings and stop ids."""
         self.generated = torch.zeros(num_outputs, max_new + 1, dtype=torch.int32, device=self.device)
+        self.generated_logprobs = torch.zeros(num_outputs, max_new + 1, dtype=torch.float32, device=self.device)
         self.sampling = params
         ids = params.stop_token_ids
         if ids not in self._stop_ids:
@@ -238,9 +258,14 @@ class ModelRunner:
         self.stop_ids = self._stop_ids[ids]
 
     def responses(self, lengths: list[int]) -> list[list[int]]:
-        """Copy the generated tokens out (the call's one large device-to-host copy)."""
+        """Copy the generated tokens out (with `response_logprobs`, the call's two large device-to-host copies)."""
         host = self.generated.cpu().numpy()
         return [host[i, :n].tolist() for i, n in enumerate(lengths)]
+
+    def response_logprobs(self, lengths: list[int]) -> list[torch.Tensor]:
+        """The generated tokens' log-probs, [n] fp32 on the host per output row (own storage each)."""
+        host = self.generated_logprobs.cpu()
+        return [host[i, :n].clone() for i, n in enumerate(lengths)]
 
     # ------------------------------------------------------------------ prefill
 
@@ -310,15 +335,17 @@ class ModelRunner:
         cols = torch.tensor(num_new, dtype=torch.int64, device=self.device) - 1
         return self.generated[rows, cols].long()
 
-    def record(self, first: int, tokens: torch.Tensor) -> torch.Tensor:
-        """Store the first tokens (sampled at a prefill) of rows first..first+len-1 and check the
-        stop rule there.
+    def record(self, first: int, tokens: torch.Tensor, logprobs: torch.Tensor) -> torch.Tensor:
+        """Store the first tokens (sampled at a prefill) of rows first..first+len-1 and their
+        log-probs [len] fp32, and check the stop rule there.
 
         The rows' num_new already counts the token (set by `add_rows`).
         Returns the rows' stop mask [len] bool (device).
         """
         rows = slice(first, first + tokens.shape[0])
-        self.generated[self.out_rows[rows], self.num_new[rows] - 1] = tokens.to(torch.int32)
+        out_rows, cols = self.out_rows[rows], self.num_new[rows] - 1
+        self.generated[out_rows, cols] = tokens.to(torch.int32)
+        self.generated_logprobs[out_rows, cols] = logprobs
         return finished(tokens, self.num_new[rows], self.limits[rows], self.stop_ids)
 
     def set_blocks(self, entries: list[tuple[int, int, int]]) -> None:
@@ -380,7 +407,9 @@ class ModelRunner:
         j = torch.arange(steps, device=self.device)[:, None]  # (steps, 1)
         # step j's token is token start + j of its row; after the row stopped, the scratch column
         cols = torch.where(j < self.num_new[:n] - start, start + j, self.generated.shape[1] - 1)  # (steps, n)
-        self.generated[self.out_rows[:n].expand(steps, n), cols] = self.round_tokens[:steps, :n].to(torch.int32)
+        rows = self.out_rows[:n].expand(steps, n)
+        self.generated[rows, cols] = self.round_tokens[:steps, :n].to(torch.int32)
+        self.generated_logprobs[rows, cols] = self.round_logprobs[:steps, :n]
         state = torch.stack((self.num_new[:n], self.done[:n].long())).cpu().numpy()
         return state[0], state[1].astype(bool)
 
@@ -399,12 +428,14 @@ class ModelRunner:
             self.tail_graphs[key] = graph
 
     def _decode_tail(self, b: int) -> None:
-        """After a forward of rows 0..b-1: sample, record in the round buffer, count the token of
-        each row not done, mark done the rows that now meet the stop rule, and make the token the
-        pending one of the rows that go on (a stopped row keeps its last position, inside its blocks)."""
+        """After a forward of rows 0..b-1: sample, record tokens and log-probs in the round buffers,
+        count the token of each row not done, mark done the rows that now meet the stop rule, and
+        make the token the pending one of the rows that go on (a stopped row keeps its last
+        position, inside its blocks)."""
         uniform = self.uniform.index_select(0, self.step)[0, :b] if self.sampling.do_sample else None
-        tokens = sample_tokens(self.logits[:b], uniform, self.sampling, self.sample_impl)
+        tokens, logprobs = sample_tokens(self.logits[:b], uniform, self.sampling, self.sample_impl)
         self.round_tokens[:, :b].index_copy_(0, self.step, tokens[None])
+        self.round_logprobs[:, :b].index_copy_(0, self.step, logprobs[None])
         self.num_new[:b] += ~self.done[:b]
         self.done[:b] |= finished(tokens, self.num_new[:b], self.limits[:b], self.stop_ids)
         going = ~self.done[:b]
