@@ -163,7 +163,7 @@ def test_pass_rate_is_optional_without_balancing_and_what_loads_is_logged(tmp_pa
 
 def test_smoke_is_one_step_without_validation_or_resume_state(tmp_path, tiny_model_dir, monkeypatch, caplog):
     file = prompts(tmp_path)
-    monkeypatch.setattr(trainer_module, "Router", lambda *args: ScriptedRouter(REWARDS))
+    monkeypatch.setattr(trainer_module, "Router", lambda *args, **kwargs: ScriptedRouter(REWARDS))
     cfg = write_config(tmp_path, tiny_model_dir, tiny_model_dir, file, warmup_steps=10, total_steps=90,
                        val_datasets=file, val_before_train=True, val_interval=1)
     with caplog.at_level(logging.INFO, logger="oreal_fast"):
