@@ -34,6 +34,7 @@ from oreal_fast.data.sampler import PromptSampler
 from oreal_fast.oom import StepOutOfMemory
 from oreal_fast.optimizers import Optimizers
 from oreal_fast.parallel import DataParallel, broadcast_from_main, full_state_dict
+from oreal_fast.rollout.base import RolloutEngine
 from oreal_fast.run_dir import (
     CheckpointWriteError,
     RunFolder,
@@ -53,6 +54,7 @@ class TrainState:
     optimizers: Optimizers
     sampler: PromptSampler
     sampling_generator: torch.Generator
+    rollout: RolloutEngine | None = None  # built after the restore (`attach_rollout`)
 
 
 def check_data_parallel(cfg: TrainConfig, dp: DataParallel) -> None:
@@ -154,11 +156,18 @@ class CheckpointManager:
         """Takes the run's stateful objects (and the tokenizer the HF folders carry), restores the
         loaded resume state into them; returns the first step to run."""
         self._state, self._tokenizer, self.total_steps = state, tokenizer, total_steps
+        self._rollout_memory: dict[str, int] = {}
         if self._loaded is not None:
             self._restore(self._loaded, self._resume_path)
             self._loaded = None  # its tensors now live in the objects
         self._saved = self.start_step
         return self.start_step
+
+    def attach_rollout(self, rollout: RolloutEngine) -> None:
+        """Takes the rollout engine, built after the restore, and gives it the memory state the
+        resume state holds; from now on resume states carry its state."""
+        self._state.rollout = rollout
+        rollout.load_memory_state(self._rollout_memory)
 
     def _restore(self, saved: dict[str, Any], path: str) -> None:
         """Loads a resume state; a state that does not fit this config is a config error naming it."""
@@ -174,6 +183,7 @@ class CheckpointManager:
             raise ConfigError(f"resume in {self.cfg.config_path}: {path} does not fit this config "
                               f"({type(e).__name__}: {str(e).splitlines()[0]})") from None
         s.sampling_generator.set_state(saved["sampling_generator"])
+        self._rollout_memory = saved.get("rollout_memory", {})  # states from before it have none
         ckpt.set_rng_state(saved["rng"])
         self.start_step = saved["next_step"]
         self.notes.append(f"resumed from {path} at step {self.start_step + 1}")
@@ -286,6 +296,7 @@ class CheckpointManager:
             "rm_scheduler": opt.rm_scheduler.state_dict() if opt.rm_scheduler is not None else None,
             "sampler": s.sampler.state_dict(),
             "sampling_generator": s.sampling_generator.get_state(),
+            "rollout_memory": s.rollout.memory_state() if s.rollout is not None else {},
             "rng": ckpt.rng_state(),
         }
 

@@ -119,6 +119,7 @@ class Trainer:
         self.rollout = rollout or build_rollout(
             cfg, self.models.actor, compute_dtype=self.runtime.compute_dtype, num_sessions=cfg.gen_global_batch,
             optimizers=self.optimizers.all(), data_parallel=dp.enabled, progress=self.progress)
+        self.checkpoints.attach_rollout(self.rollout)  # a resumed run's pool: the size the straight run had
         self.checkpoints.check_disk()
         self._open_outputs([models_note])
         self._bar: tqdm | None = None  # the progress bar and its redraw thread, while fit() runs

@@ -81,6 +81,16 @@ class RolloutEngine(Protocol):
         engine's KV pool without ``kv_cache_gib``) resizes here, between steps; others ignore it."""
         ...
 
+    def memory_state(self) -> dict[str, int]:
+        """What `fit_memory` has chosen so far (empty for an engine that sizes nothing). A resume
+        state carries it: which sequences share a decode round depends on the pool's size once it
+        preempts, so a resumed run must generate with the pool the straight run had."""
+        ...
+
+    def load_memory_state(self, state: Mapping[str, int]) -> None:
+        """Take a `memory_state` back (an empty one, from an older resume state, changes nothing)."""
+        ...
+
     def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Take the actor's new weights (after an optimiser step).
 

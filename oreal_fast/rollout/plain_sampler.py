@@ -128,6 +128,12 @@ class PlainSampler:
     def fit_memory(self, peak_gib: Mapping[str, float]) -> None:
         """Nothing to resize: the batch is sized once, at build (see `RolloutEngine.fit_memory`)."""
 
+    def memory_state(self) -> dict[str, int]:
+        return {}  # nothing sized from measured steps
+
+    def load_memory_state(self, state: Mapping[str, int]) -> None:
+        pass
+
     def stats(self) -> dict[str, float]:
         """New tokens, seconds and tokens per second of the last `generate` call."""
         return dict(self._stats)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from oreal_fast.rollout import SamplingParams
 from oreal_fast.rollout.build import pool_sizer
 from oreal_fast.rollout.engine import PoolSizer
 from oreal_fast.rollout.engine.pool_sizing import next_pool_bytes
@@ -133,3 +134,32 @@ def test_a_pool_cannot_be_resized_while_it_holds_blocks(models):
     e.blocks.allocate(2)
     with pytest.raises(RuntimeError, match="2 KV blocks are in use"):
         e.resize_pool(50 * e.block_bytes)
+
+
+def test_a_memory_state_gives_a_new_engine_the_pool_and_need_the_first_reached(models):
+    """What a resume state carries: a second engine built at the start size takes the first's
+    resized pool and largest need, and samples what the first samples at that size (the pool
+    preempts there, so its size decides which rows share a round)."""
+    _, ours = models
+    first = engine(ours, blocks=100, max_num_seqs=16, decode_steps_per_round=4)
+    first.sizer = PoolSizer(FakeMemory(gib(40)))
+    smallest, _ = first.pool_bytes_range()
+    pool = first.pool_bytes
+    peak = 39 + pool / GIB  # 39 GiB besides the pool, in both phases: the minimum pool
+    first.fit_memory({"gen": peak, "rl": peak})
+    assert first.pool_bytes == smallest
+    state = first.memory_state()
+    assert state == {"pool_bytes": smallest, "need_bytes": first.sizer.need_bytes}
+    assert abs(state["need_bytes"] - gib(39)) < 2**10
+    params = SamplingParams(max_new_tokens=30, max_length=64, temperature=1.0, top_p=0.9)
+    expected = first.generate(PROMPTS, params, torch.Generator().manual_seed(3))
+    assert first.stats()["preemptions"] > 0
+
+    second = engine(ours, blocks=100, max_num_seqs=16, decode_steps_per_round=4)
+    second.sizer = PoolSizer(FakeMemory(gib(40)))
+    second.load_memory_state({})  # a resume state from before the pool was sized: nothing changes
+    assert second.pool_bytes == pool
+    second.load_memory_state(state)
+    assert second.pool_bytes == smallest and second.sizer.need_bytes == state["need_bytes"]
+    assert second.generate(PROMPTS, params, torch.Generator().manual_seed(3)) == expected
+    assert engine(ours).memory_state() == {}  # no sizer (kv_cache_gib set): nothing to carry

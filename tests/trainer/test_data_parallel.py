@@ -198,6 +198,12 @@ class KeyedRollout:
     def fit_memory(self, peak_gib):
         pass  # nothing here is sized from memory
 
+    def memory_state(self):
+        return {}
+
+    def load_memory_state(self, state):
+        pass
+
     def stats(self):
         return {}
 

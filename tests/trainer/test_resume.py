@@ -8,6 +8,7 @@ import json
 import os
 
 import pytest
+import torch
 
 from oreal_fast import checkpoint as ckpt
 from oreal_fast.config import ConfigError, load_config
@@ -132,3 +133,41 @@ def test_keep_zero_writes_no_state_and_resume_auto_starts_a_new_run(tmp_path, ti
     # the text line shows the scheduler LR of the frozen step 1, as the official one does, and says so
     assert "[Step 1] step: 1 actor_lr: 0.0010 (scheduler; actor frozen, not applied) actor_grad_norm" in log
     assert "[Step 2] step: 2 actor_lr: 0.0010 actor_grad_norm" in log
+
+
+class SizedRollout(ScriptedRollout):
+    """A scripted rollout whose memory state grows each step, as a resized KV pool's would."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.state, self.loaded = {}, []
+
+    def fit_memory(self, peak_gib):
+        self.state = {"pool_bytes": self.state.get("pool_bytes", 0) + 1000, "need_bytes": 7}
+
+    def memory_state(self):
+        return dict(self.state)
+
+    def load_memory_state(self, state):
+        self.loaded.append(dict(state))
+        self.state = dict(state)
+
+
+def test_a_resumed_run_gives_its_rollout_the_memory_state_of_the_step_it_resumes_after(tmp_path, tiny_model_dir,
+                                                                                       prompt_file):
+    cfg_path = write_config(tmp_path, tiny_model_dir, tiny_model_dir, prompt_file, actor_freeze_steps=0,
+                            filter_trajectory=False, checkpoint_interval=1, total_steps=3)
+    tok = make_tokenizer()
+    stop = tok.convert_tokens_to_ids("<|im_end|>")
+    straight = SizedRollout(tok, TEXTS, stop)
+    Trainer(load_config(cfg_path), rollout=straight, router=KeywordRouter()).fit()
+    assert straight.loaded == [{}]  # a fresh run: nothing to load
+    assert straight.state == {"pool_bytes": 3000, "need_bytes": 7}  # resized after each of 3 trained steps
+    (run_dir,) = [os.path.join(tmp_path / "work", d) for d in os.listdir(tmp_path / "work")]
+    assert torch.load(ckpt.state_path(run_dir, 2), weights_only=False)["rollout_memory"] == {
+        "pool_bytes": 2000, "need_bytes": 7}
+    os.remove(ckpt.state_path(run_dir, 3))  # resume after step 2
+    os.remove(ckpt.state_path(run_dir, 3).replace(".pt", ".json"))
+    resumed = SizedRollout(tok, TEXTS, stop)
+    Trainer(load_config(cfg_path, {"resume": run_dir}), rollout=resumed, router=KeywordRouter()).fit()
+    assert resumed.loaded == [{"pool_bytes": 2000, "need_bytes": 7}]

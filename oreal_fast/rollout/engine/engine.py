@@ -181,6 +181,18 @@ class PagedEngine:
         if target != self.pool_bytes:
             self.resize_pool(target)
 
+    def memory_state(self) -> dict[str, int]:
+        """The pool's size and the largest step need seen (see `RolloutEngine.memory_state`)."""
+        return {} if self.sizer is None else {"pool_bytes": self.pool_bytes, "need_bytes": self.sizer.need_bytes}
+
+    def load_memory_state(self, state: Mapping[str, int]) -> None:
+        """The pool of a resumed run: the size the straight run had reached (see `RolloutEngine`)."""
+        if self.sizer is None or not state:
+            return
+        self.sizer.need_bytes = state["need_bytes"]
+        if state["pool_bytes"] != self.pool_bytes:
+            self.resize_pool(state["pool_bytes"])
+
     def resize_pool(self, kv_cache_bytes: int) -> None:
         """A pool of `kv_cache_bytes` from now on, between `generate` calls (every block is free
         then): the old pool and the graphs are freed first, then the new pool is allocated and the
