@@ -158,6 +158,27 @@ class EvalResult:
             out["val_pass_at_k"] = sum(pass_at_k(n, p.num_correct, n) for p in self.problems) / num
         return out
 
+    def interval_metrics(self) -> dict[str, float]:
+        """The 95% interval of each pass rate of :meth:`metrics` (from :meth:`estimates`) as
+        ``<key>_low`` and ``<key>_high``: ``val_greedy_pass1`` (Wilson), and when samples were drawn
+        ``val_sampled_pass1`` (= mean@n) and ``val_pass_at_k`` (= pass@n)."""
+        n, estimates = self.samples_per_problem, self.estimates()
+        pairs = [("val_greedy_pass1", "greedy pass@1")]
+        if n:
+            # pass@1 of one sample is mean@1, which estimates() lists once, as mean@1
+            pairs += [("val_sampled_pass1", f"mean@{n}"), ("val_pass_at_k", f"pass@{n}" if n > 1 else "mean@1")]
+        out: dict[str, float] = {}
+        for key, name in pairs:
+            out[f"{key}_low"], out[f"{key}_high"] = estimates[name].low, estimates[name].high
+        return out
+
+    def problem_rows(self) -> list[dict[str, Any]]:
+        """One row per problem, in the evaluation's order, for comparing two evaluations of the
+        same problems problem by problem: ``question``, ``greedy_correct``, ``num_correct`` of
+        ``num_samples`` (= n; 0 = greedy only)."""
+        return [{"question": p.question, "greedy_correct": p.greedy_correct, "num_correct": p.num_correct,
+                 "num_samples": self.samples_per_problem} for p in self.problems]
+
     def estimates(self) -> dict[str, Estimate]:
         """``greedy pass@1`` (Wilson interval) and, when n samples per problem were drawn, ``mean@n``
         and ``pass@k`` for each k of :func:`pass_ks` (normal intervals over problems), in that order."""

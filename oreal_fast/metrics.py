@@ -6,6 +6,8 @@ Writes, under one run folder:
   ``validation.jsonl``     one JSON object per held-out validation: ``step`` (steps trained before
                            it, 0 = the initial actor), then the ``val_*`` metrics (also in the text
                            log and the trackers)
+  ``validation_problems/step-{N}.jsonl``  the validation after N steps, one line per problem (its
+                           question, greedy verdict and correct samples), to pair two validations
   ``trajectories/step.{i}.jsonl`` and ``.log``  the kept trajectories of step i (5.2)
 and sends every numeric metric of each step and validation to the trackers ``report_to`` names
 (``tracking``: TensorBoard's ``tensorboard/`` by default, wandb, trackio).
@@ -17,6 +19,7 @@ of steps it will redo.
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
@@ -85,6 +88,7 @@ class MetricsWriter:
         self.jsonl_path = os.path.join(run_dir, "rank0.log.jsonl")
         self.text_path = os.path.join(run_dir, "rank0.log")
         self.validation_path = os.path.join(run_dir, "validation.jsonl")
+        self.validation_problems_dir = os.path.join(run_dir, "validation_problems")
         self._trackers = Trackers(list(report_to), run_dir, config or {}, warn=self._warn)
 
     def truncate_after(self, last_step: int) -> None:
@@ -92,6 +96,9 @@ class MetricsWriter:
         validations after more than ``last_step`` steps go too."""
         for path in (self.jsonl_path, self.validation_path):
             _truncate_jsonl(path, last_step)
+        for path in glob.glob(os.path.join(self.validation_problems_dir, "step-*.jsonl")):
+            if int(os.path.basename(path)[len("step-"):-len(".jsonl")]) > last_step:
+                os.remove(path)
 
     def write(self, metrics: dict[str, Any], *, kl_coef: float, scheduler_actor_lr: float) -> None:
         """Writes one step. ``metrics`` must hold every official key; extra keys follow them."""
@@ -115,10 +122,17 @@ class MetricsWriter:
             with open(self.text_path, "a", encoding="utf-8") as f:
                 f.write(f"[Step {step}] {line}\n")
 
-    def write_validation(self, step: int, metrics: dict[str, float | int]) -> None:
+    def write_validation(self, step: int, metrics: dict[str, float | int],
+                         problems: Sequence[dict[str, Any]] = ()) -> None:
         """Writes one held-out validation after ``step`` steps (0 = before the first) to
-        ``validation.jsonl``, the text log and the trackers. These rows are not steps, so they never
-        enter ``rank0.log.jsonl``, which keeps the official format."""
+        ``validation.jsonl``, the text log and the trackers, and its per-problem ``problems`` rows
+        (when given) to ``validation_problems/step-{step}.jsonl``. These rows are not steps, so they
+        never enter ``rank0.log.jsonl``, which keeps the official format."""
+        if problems:
+            os.makedirs(self.validation_problems_dir, exist_ok=True)
+            # "w": a validation redone after a resume replaces the one it repeats
+            with open(os.path.join(self.validation_problems_dir, f"step-{step}.jsonl"), "w", encoding="utf-8") as f:
+                f.writelines(json.dumps(p) + "\n" for p in problems)
         row = {"step": step, **metrics}
         with open(self.validation_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
@@ -196,7 +210,8 @@ class SilentMetrics:
     def write(self, metrics: dict[str, Any], *, kl_coef: float, scheduler_actor_lr: float) -> None:
         pass
 
-    def write_validation(self, step: int, metrics: dict[str, float | int]) -> None:
+    def write_validation(self, step: int, metrics: dict[str, float | int],
+                         problems: Sequence[dict[str, Any]] = ()) -> None:
         pass
 
     def log_text(self, message: str) -> None:

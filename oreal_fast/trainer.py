@@ -258,7 +258,9 @@ class Trainer:
         self.progress.expect(len(self.evaluator.records) * (1 + self.cfg.val_samples_per_problem), "responses")
         t0 = time.perf_counter()
         result = self.evaluator.evaluate(self.rollout, self.router)
-        self.metrics.write_validation(steps_done, {**result.metrics(), "val_time": time.perf_counter() - t0})
+        self.metrics.write_validation(steps_done, {**result.metrics(), **result.interval_metrics(),
+                                                   "val_time": time.perf_counter() - t0},
+                                      problems=result.problem_rows())
 
     def fit(self) -> str:
         """Runs steps ``start_step .. total_steps - 1``; returns the run folder.
@@ -315,8 +317,11 @@ class Trainer:
 
     def _log_start(self) -> None:
         settings = self.rl_settings
+        # the GPU's name in brackets: a run folder then says on what hardware its timings were taken
+        device = (f"{self.device} ({torch.cuda.get_device_name(self.device)})" if self.device.type == "cuda"
+                  else str(self.device))
         self.metrics.log_text(f"run {self.run_dir}: config {self.cfg.config_path}, {self.total_steps} steps, "
-                              f"device {self.device}, compute {self.runtime.compute_dtype}, "
+                              f"device {device}, compute {self.runtime.compute_dtype}, "
                               f"LM-head kernels {settings.loss_kernel} ({settings.impl})")
         if self.start_step >= self.total_steps:
             log.info(f"{self.run_dir}: all {self.total_steps} steps are done; nothing left to run")

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
+import os
 import textwrap
+from statistics import NormalDist
 
 import pytest
 import torch
@@ -100,11 +103,37 @@ def test_metrics_equal_the_closed_form_of_the_scripted_verdicts():
     assert [it.gold_answer for it in router.items] == [str(i) for i in range(5)] + [str(i) for i in range(5) for _ in range(n)]
 
 
+def test_interval_keys_hold_the_closed_form_intervals_of_the_scripted_verdicts():
+    n, z = 4, NormalDist().inv_cdf(0.975)
+    correct = [0, 1, 2, 4, 3]
+    rollout = TableRollout(["yes", "no", "no", "yes", "no"], [["yes"] * c + ["no"] * (n - c) for c in correct])
+    result = make_evaluator(len(correct), n).evaluate(rollout, YesRouter())
+    # greedy 2 of 5, Wilson: (p + z^2 / 2N  +-  z sqrt(p(1-p)/N + z^2 / 4N^2)) / (1 + z^2 / N)
+    center, half = (0.4 + z * z / 10) / (1 + z * z / 5), z * math.sqrt(0.24 / 5 + z * z / 100) / (1 + z * z / 5)
+    # mean@4 scores 0, .25, .5, 1, .75: mean .5, sample variance .625 / 4; pass@4 scores 0, 1, 1, 1, 1
+    mean_half, pass_half = z * math.sqrt(0.625 / 4 / 5), z * math.sqrt(0.8 / 4 / 5)
+    assert result.interval_metrics() == pytest.approx({
+        "val_greedy_pass1_low": center - half, "val_greedy_pass1_high": center + half,
+        "val_sampled_pass1_low": 0.5 - mean_half, "val_sampled_pass1_high": 0.5 + mean_half,
+        "val_pass_at_k_low": 0.8 - pass_half, "val_pass_at_k_high": 1.0})  # clipped at 1
+    assert result.problem_rows()[3] == {"question": "q3", "greedy_correct": True, "num_correct": 4, "num_samples": 4}
+
+
+def test_one_sample_per_problem_gives_pass_at_1_the_interval_of_mean_at_1():
+    z = NormalDist().inv_cdf(0.975)
+    rollout = TableRollout(["no", "no", "yes"], [["no"], ["yes"], ["yes"]])
+    keys = make_evaluator(3, 1).evaluate(rollout, YesRouter()).interval_metrics()
+    # scores 0, 1, 1: mean 2/3, sample variance 1/3, standard error 1/3
+    assert keys["val_sampled_pass1_low"] == keys["val_pass_at_k_low"] == pytest.approx(2 / 3 - z / 3)
+    assert keys["val_sampled_pass1_high"] == keys["val_pass_at_k_high"] == 1.0
+
+
 def test_greedy_only_evaluation_draws_nothing_and_reports_no_sampled_keys():
     rollout = TableRollout(["yes", "no"], [[], []])
     result = make_evaluator(2, 0).evaluate(rollout, YesRouter())
     assert [c[:2] for c in rollout.calls] == [(2, False)]
     assert result.metrics() == {"val_num_problems": 2, "val_greedy_pass1": 0.5}
+    assert list(result.interval_metrics()) == ["val_greedy_pass1_low", "val_greedy_pass1_high"]
 
 
 def test_each_evaluation_starts_its_own_generator_from_the_same_seed():
@@ -168,8 +197,12 @@ def test_validation_settings_load_with_their_types(tmp_path):
 def test_validation_rows_go_to_their_own_file_text_log_and_survive_a_resume(tmp_path):
     writer = MetricsWriter(str(tmp_path), report_to=["none"])
     for step, value in ((0, 0.25), (2, 0.5), (4, 0.75)):
-        writer.write_validation(step, {"val_num_problems": 4, "val_greedy_pass1": value})
+        problems = [{"question": f"q{i}", "greedy_correct": i < 4 * value} for i in range(4)]
+        writer.write_validation(step, {"val_num_problems": 4, "val_greedy_pass1": value}, problems=problems)
+    with open(tmp_path / "validation_problems" / "step-2.jsonl") as f:
+        assert [json.loads(line)["greedy_correct"] for line in f] == [True, True, False, False]
     writer.truncate_after(2)  # a resume from step 2 redoes steps 3 and 4
+    assert sorted(os.listdir(tmp_path / "validation_problems")) == ["step-0.jsonl", "step-2.jsonl"]
     with open(tmp_path / "validation.jsonl") as f:
         assert [json.loads(line) for line in f] == [
             {"step": 0, "val_num_problems": 4, "val_greedy_pass1": 0.25},

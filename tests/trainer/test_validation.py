@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from statistics import NormalDist
 
 import datasets
 import pytest
@@ -61,8 +62,18 @@ def test_validation_goes_through_the_trainer_rollout_greedy_then_sampled(tmp_pat
     assert all(c == training for c in rollout.log if c[2] is trainer.sampling_generator)
     val = rows(os.path.join(run_dir, "validation.jsonl"))
     assert [r["step"] for r in val] == [0, 2, 3]  # before step 1, every 2 steps, after the last
+    # 6 of 6 greedy: Wilson's lower bound 6 / (6 + z^2); every sample right: no spread over problems
+    wilson_low = 6 / (6 + NormalDist().inv_cdf(0.975) ** 2)
     assert all(r == {"step": r["step"], "val_num_problems": 6, "val_greedy_pass1": 1.0, "val_sampled_pass1": 1.0,
-                     "val_pass_at_k": 1.0, "val_time": r["val_time"]} and r["val_time"] > 0 for r in val)
+                     "val_pass_at_k": 1.0, "val_greedy_pass1_low": pytest.approx(wilson_low),
+                     "val_greedy_pass1_high": 1.0, "val_sampled_pass1_low": 1.0, "val_sampled_pass1_high": 1.0,
+                     "val_pass_at_k_low": 1.0, "val_pass_at_k_high": 1.0, "val_time": r["val_time"]}
+               and r["val_time"] > 0 for r in val)
+    # each validation's problems, in the held-out file's order, to pair two validations
+    for step in (0, 2, 3):
+        assert rows(os.path.join(run_dir, "validation_problems", f"step-{step}.jsonl")) == [
+            {"question": f"What is {a} + {a}?", "greedy_correct": True, "num_correct": 2, "num_samples": 2}
+            for a in range(1, 7)]
     assert [r["step"] for r in rows(os.path.join(run_dir, "rank0.log.jsonl"))] == [1, 2, 3]
     with open(os.path.join(run_dir, "rank0.log")) as f:
         assert "[Validation after step 3] val_num_problems: 6 val_greedy_pass1: 1.0000" in f.read()
