@@ -1,31 +1,49 @@
-"""Three seeds of ``configs/demo_long.py`` and the figure and table of docs/evidence.md.
+"""The tables and figures of docs/evidence.md, from run folders.
 
-    python scripts/evidence.py run  OUT_DIR [--seeds 0,1,2]   # trains each seed, one after another
-    python scripts/evidence.py plot OUT_DIR [--png docs/evidence.png]
+    python scripts/evidence.py run    OUT_DIR [--seeds 0,1,2]   # CPU section: trains configs/demo_long.py per seed
+    python scripts/evidence.py plot   OUT_DIR [--png docs/evidence.png]
+    python scripts/evidence.py report OUT_DIR [--gpu NAME] [--png docs/evidence_gpu.png]
+    python scripts/evidence.py report --runs seed1=DIR,seed2=DIR,lr0=DIR [...]
 
 ``run`` starts ``python -m oreal_fast.train configs/demo_long.py --seed S --work_dir OUT_DIR/seedS``
 for each seed and appends ``{"seed", "wall_s", "rc"}`` to ``OUT_DIR/times.jsonl`` as each finishes.
 ``plot`` reads each seed's run folder (``validation.jsonl`` and ``rank0.log.jsonl``), draws
 held-out greedy accuracy, train reward and response length against the step, and prints the
-Markdown table of docs/evidence.md (accuracy at each validation, train reward over thirds of the
+Markdown table of the CPU section (accuracy at each validation, train reward over thirds of the
 run, response length of the first and last 4 steps, wall time).
+
+``report`` is for runs that validate with samples and log intervals (``configs/evidence_gpu.py``):
+the runs are the sub-folders of OUT_DIR (or ``--runs``, in that order); a name ``seed<N>`` is a seed,
+any other name (``lr0``, ``shuffled``) a control. It prints the held-out table (greedy pass@1 and
+mean@n at each validation with the logged 95 % intervals, and each run's gain from its first to its
+last validation with a paired interval over the same problems, from ``validation_problems/``), the
+runs' table (train reward, response length, time, GPU) and the seeds' mean gain against each
+control's, and draws held-out accuracy (with interval bands), train reward and response length.
+A missing or foreign folder is one line on stderr and exit 2.
 """
 
 from __future__ import annotations
 
 import glob
 import json
+import math
 import os
+import re
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from statistics import NormalDist
 
 import fire
 
 from oreal_fast.plot import find_metrics_file, read_metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# oreal_fast.evaluator's 95 % normal quantile; not imported from there, which would load torch
+Z = NormalDist().inv_cdf(0.975)
 
 
 def run(out_dir: str, seeds: str | tuple | int = "0,1,2") -> None:
@@ -110,5 +128,282 @@ def _plot(out_dir: str, png: str) -> None:
     print(f"wrote {png}")
 
 
+# ------------------------------------------------------------------------------------------------
+# report: seeds and controls of runs that validate with samples and log intervals
+
+VAL_KEYS = ("val_num_problems", "val_greedy_pass1", "val_greedy_pass1_low", "val_greedy_pass1_high",
+            "val_sampled_pass1", "val_sampled_pass1_low", "val_sampled_pass1_high", "val_time")
+PROBLEM_KEYS = ("question", "greedy_correct", "num_correct", "num_samples")
+SEED_NAME = re.compile(r"seed(\d+)")
+# The train curves' smoothing: a step's reward is the mean of 512 samples of 64 prompts, which jumps
+# from step to step with the prompts drawn
+SMOOTH_STEPS = 10
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """One held-out metric of the table: its ``validation.jsonl`` key and one problem's score in
+    [0, 1] from its ``validation_problems`` row (their mean over problems is the key's value)."""
+
+    key: str
+    score: Callable[[dict], float]
+
+
+GREEDY = HeldOut("val_greedy_pass1", lambda p: float(p["greedy_correct"]))
+MEAN_AT_N = HeldOut("val_sampled_pass1", lambda p: p["num_correct"] / p["num_samples"])
+
+
+@dataclass
+class Run:
+    """One run: ``train`` rows (rank0.log.jsonl), ``validations`` rows (validation.jsonl),
+    ``first`` and ``last`` the per-problem rows of its first and last validation, ``gpus`` the GPU
+    names its text log gives (one per start of the trainer, deduplicated)."""
+
+    name: str
+    train: list[dict]
+    validations: list[dict]
+    first: list[dict]
+    last: list[dict]
+    gpus: list[str]
+
+    @property
+    def is_seed(self) -> bool:
+        return SEED_NAME.fullmatch(self.name) is not None
+
+
+@dataclass(frozen=True)
+class Gain:
+    """A mean over problems of a per-problem difference and its 95 % interval."""
+
+    value: float
+    low: float
+    high: float
+
+
+def paired_gain(differences: list[float]) -> Gain:
+    """Mean of per-problem differences (the same problems in both terms) +- Z standard errors over
+    problems (sample standard deviation, N - 1 in its denominator). Not clipped: with the hundreds
+    of problems it is meant for, it stays far inside the range a difference can take.
+
+    Raises:
+        ValueError: fewer than two problems (no spread to measure).
+    """
+    num = len(differences)
+    if num < 2:
+        raise ValueError(f"a paired interval needs at least 2 problems, got {num}")
+    mean = sum(differences) / num
+    half = Z * math.sqrt(sum((d - mean) ** 2 for d in differences) / (num - 1) / num)
+    return Gain(mean, mean - half, mean + half)
+
+
+def _run_paths(out_dir: str | None, runs: str | tuple | None) -> list[tuple[str, str]]:
+    """(name, folder) of each run: ``runs`` pairs in their order, else OUT_DIR's sub-folders, the
+    seeds first by number, then the others by name."""
+    if runs:
+        pairs = [item.split("=", 1) for item in (runs.split(",") if isinstance(runs, str) else runs)]
+        if any(len(p) != 2 or not all(p) for p in pairs):
+            raise ValueError(f"--runs {runs!r}: give NAME=FOLDER pairs separated by commas")
+        return [(name, path) for name, path in pairs]
+    if out_dir is None:
+        raise ValueError("give OUT_DIR or --runs NAME=FOLDER,...")
+    if not os.path.isdir(out_dir):
+        raise FileNotFoundError(f"{out_dir}: no such folder")
+    names = [n for n in os.listdir(out_dir) if os.path.isdir(os.path.join(out_dir, n))]
+    if not names:
+        raise FileNotFoundError(f"{out_dir}: no run folders in it")
+    names.sort(key=lambda n: (0, int(SEED_NAME.fullmatch(n)[1]), "") if SEED_NAME.fullmatch(n) else (1, 0, n))
+    return [(name, os.path.join(out_dir, name)) for name in names]
+
+
+def _read_problems(run_dir: str, validation: dict) -> list[dict]:
+    """The per-problem rows of one validation, checked against its ``val_num_problems``."""
+    path = os.path.join(run_dir, "validation_problems", f"step-{validation['step']}.jsonl")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: missing (validations of an oreal-fast that wrote no per-problem file?)")
+    rows = read_metrics(path, panels=())
+    bad = [k for k in PROBLEM_KEYS if any(not isinstance(r, dict) or k not in r for r in rows)]
+    if bad or len(rows) != validation["val_num_problems"] or not rows[0]["num_samples"]:
+        raise ValueError(f"{path}: not {validation['val_num_problems']} rows of {', '.join(PROBLEM_KEYS)} "
+                         f"with num_samples > 0")
+    return rows
+
+
+def _load_run(name: str, path: str) -> Run:
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"{path}: no such folder (run {name})")
+    metrics_file = find_metrics_file(path)
+    run_dir = os.path.dirname(metrics_file)
+    train = read_metrics(metrics_file, panels=(("", ("avg_judger_reward", "avg_new_tokens", "total_time")),))
+    validations = read_metrics(os.path.join(run_dir, "validation.jsonl"), panels=(("", ()),))
+    if not train or not validations:
+        raise ValueError(f"{run_dir}: no {'step' if not train else 'validation'} rows (run {name})")
+    for row in validations:
+        missing = [k for k in VAL_KEYS if k not in row]
+        if missing:
+            raise ValueError(f"{run_dir}/validation.jsonl: the validation after step {row['step']} has no "
+                             f"{missing[0]!r} (greedy-only, or from an oreal-fast that logged no intervals)")
+    return Run(name, train, validations, _read_problems(run_dir, validations[0]),
+               _read_problems(run_dir, validations[-1]), _gpus(os.path.join(run_dir, "rank0.log")))
+
+
+def _gpus(log_path: str) -> list[str]:
+    """The GPU names of the trainer's start lines in a text log (``device cuda:0 (NAME)``), once
+    each; none without a log."""
+    if not os.path.isfile(log_path):
+        return []
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        return list(dict.fromkeys(re.findall(r", device cuda\S* \(([^)]+)\)", f.read())))
+
+
+def _differences(run: Run, metric: HeldOut) -> list[float]:
+    """Per problem: the score at the run's last validation minus at its first."""
+    if [p["question"] for p in run.first] != [p["question"] for p in run.last]:
+        raise ValueError(f"run {run.name}: its first and last validations hold different problems")
+    return [metric.score(b) - metric.score(a) for a, b in zip(run.first, run.last)]
+
+
+def _metrics(runs: list[Run]) -> list[tuple[HeldOut, str]]:
+    """The table's held-out metrics and their labels (n of mean@n from the first run)."""
+    return [(GREEDY, "greedy pass@1"), (MEAN_AT_N, f"mean@{runs[0].first[0]['num_samples']}")]
+
+
+def _pct(value: float, low: float, high: float, sign: str = "") -> str:
+    return f"{100 * value:{sign}.1f} [{100 * low:{sign}.1f}, {100 * high:{sign}.1f}]"
+
+
+def _gain_text(gain: Gain) -> str:
+    return _pct(gain.value, gain.low, gain.high, "+")
+
+
+def held_out_table(runs: list[Run]) -> list[str]:
+    """Markdown: per run and metric, the value [95 % interval] in % at each validation step, and
+    the gain from the first to the last validation in points [paired 95 % interval]."""
+    steps = sorted({v["step"] for r in runs for v in r.validations})
+    lines = ["| run | held-out | " + " | ".join(f"step {s}" for s in steps) + " | gain, first → last |",
+             "|---|---|" + "---|" * (len(steps) + 1)]
+    for run in runs:
+        by_step = {v["step"]: v for v in run.validations}
+        for metric, label in _metrics(runs):
+            k = metric.key
+            cells = [_pct(by_step[s][k], by_step[s][f"{k}_low"], by_step[s][f"{k}_high"]) if s in by_step
+                     else "–" for s in steps]
+            gain = paired_gain(_differences(run, metric))
+            lines.append(f"| {run.name} | {label} | " + " | ".join(cells) + f" | {_gain_text(gain)} |")
+    return lines
+
+
+def _mean_of(rows: list[dict], key: str) -> float:
+    return _mean([r[key] for r in rows])
+
+
+def runs_table(runs: list[Run], gpu: str | None) -> list[str]:
+    """Markdown: per run its steps, train reward and response length over the first and the last
+    tenth of its steps, its time (steps' ``total_time`` + validations' ``val_time``) and its GPU (from
+    its text log, else ``gpu``)."""
+    lines = ["| run | steps | train reward, first → last tenth of steps | response length (tokens), same steps "
+             "| time: steps + validations | GPU |", "|---|---|---|---|---|---|"]
+    for run in runs:
+        tenth = max(1, len(run.train) // 10)
+        first, last = run.train[:tenth], run.train[-tenth:]
+        reward = f"{_mean_of(first, 'avg_judger_reward'):+.2f} → {_mean_of(last, 'avg_judger_reward'):+.2f}"
+        length = f"{_mean_of(first, 'avg_new_tokens'):.0f} → {_mean_of(last, 'avg_new_tokens'):.0f}"
+        seconds = (f"{sum(r['total_time'] for r in run.train):.0f} + "
+                   f"{sum(v['val_time'] for v in run.validations):.0f} s")
+        lines.append(f"| {run.name} | {run.train[-1]['step']} | {reward} | {length} | {seconds} | "
+                     f"{', '.join(run.gpus) or gpu or '?'} |")
+    return lines
+
+
+def gain_table(runs: list[Run]) -> list[str]:
+    """Markdown: per metric, the seeds' mean gain (per problem, the mean of the seeds' differences;
+    paired interval over problems) with the seeds' standard deviation, each control's gain, and the
+    seeds' mean gain minus each control's, paired over the same problems."""
+    questions = [p["question"] for p in runs[0].first]
+    for run in runs[1:]:
+        if [p["question"] for p in run.first] != questions:
+            raise ValueError(f"runs {runs[0].name} and {run.name} validated on different problems")
+    seeds, controls = [r for r in runs if r.is_seed], [r for r in runs if not r.is_seed]
+    header = ([f"seeds' mean ({', '.join(r.name for r in seeds)}; standard deviation)"] if seeds else [])
+    for control in controls:
+        header += [control.name] + ([f"seeds − {control.name}"] if seeds else [])
+    lines = [f"Gain from the first to the last validation, points [paired 95 % interval over {len(questions)} "
+             "problems]:", "", "| held-out | " + " | ".join(header) + " |", "|---|" + "---|" * len(header)]
+    for metric, label in _metrics(runs):
+        diffs = {r.name: _differences(r, metric) for r in runs}
+        cells = []
+        if seeds:
+            seed_mean = [_mean(ds) for ds in zip(*(diffs[r.name] for r in seeds))]  # per problem
+            each = [100 * _mean(diffs[r.name]) for r in seeds]
+            spread = f"{statistics.stdev(each):.1f}" if len(seeds) > 1 else "–"
+            cells.append(f"{_gain_text(paired_gain(seed_mean))} ({spread})")
+        for control in controls:
+            cells.append(_gain_text(paired_gain(diffs[control.name])))
+            if seeds:
+                cells.append(_gain_text(paired_gain([s - c for s, c in zip(seed_mean, diffs[control.name])])))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _trailing_mean(values: list[float], window: int) -> list[float]:
+    """Each value replaced by the mean of it and up to ``window - 1`` values before it."""
+    return [_mean(values[max(0, i + 1 - window):i + 1]) for i in range(len(values))]
+
+
+def _draw(runs: list[Run], png: str) -> None:
+    """Held-out greedy pass@1 and mean@n (95 % bands), train reward and response length against
+    the step; seeds solid, controls dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ((greedy_ax, mean_ax), (reward_ax, len_ax)) = plt.subplots(2, 2, figsize=(13, 9))
+    for i, run in enumerate(runs):
+        style = dict(color=f"C{i}", linestyle="-" if run.is_seed else "--", label=run.name)
+        val_steps = [v["step"] for v in run.validations]
+        for ax, key in ((greedy_ax, GREEDY.key), (mean_ax, MEAN_AT_N.key)):
+            ax.plot(val_steps, [100 * v[key] for v in run.validations], marker="o", **style)
+            ax.fill_between(val_steps, [100 * v[f"{key}_low"] for v in run.validations],
+                            [100 * v[f"{key}_high"] for v in run.validations], color=style["color"], alpha=0.12)
+        steps = [r["step"] for r in run.train]
+        for ax, key in ((reward_ax, "avg_judger_reward"), (len_ax, "avg_new_tokens")):
+            values = [r[key] for r in run.train]
+            ax.plot(steps, values, color=style["color"], linewidth=0.6, alpha=0.3)
+            ax.plot(steps, _trailing_mean(values, SMOOTH_STEPS), linewidth=1.5, **style)
+    for ax, (_, label) in zip((greedy_ax, mean_ax), _metrics(runs)):
+        ax.set(title=f"held-out {label} (95 % interval)", xlabel="steps trained", ylabel="% correct")
+    smoothed = f"{SMOOTH_STEPS}-step mean; faint: each step"
+    reward_ax.set(title=f"train reward, ±1 ({smoothed})", xlabel="step", ylabel="avg_judger_reward")
+    len_ax.set(title=f"train response length, tokens ({smoothed})", xlabel="step", ylabel="avg_new_tokens")
+    for ax in (greedy_ax, mean_ax, reward_ax, len_ax):
+        ax.legend(fontsize=8)
+    fig.suptitle("seeds (solid) and controls (dashed)")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def report(out_dir: str | None = None, runs: str | tuple | None = None, gpu: str | None = None,
+           png: str = os.path.join(REPO, "docs", "evidence_gpu.png")) -> None:
+    """Prints the held-out table, the runs' table and the gains of seeds and controls, and draws
+    the figure to ``png``.
+
+    Args:
+        out_dir: a folder of run folders (``seed<N>`` = a seed, any other name = a control).
+        runs: instead, ``NAME=FOLDER`` pairs separated by commas, in table order.
+        gpu: the GPU of runs whose text log names none.
+        png: where the figure goes.
+    """
+    try:
+        loaded = [_load_run(name, path) for name, path in _run_paths(out_dir, runs)]
+        lines = held_out_table(loaded) + [""] + runs_table(loaded, gpu) + [""] + gain_table(loaded)
+        _draw(loaded, png)
+    except (FileNotFoundError, ValueError) as e:  # a missing or foreign run folder: one line, exit 2
+        print(f"evidence report: {e}", file=sys.stderr)
+        sys.exit(2)
+    print("\n".join(lines))
+    print(f"wrote {png}")
+
+
 if __name__ == "__main__":
-    fire.Fire({"run": run, "plot": plot})
+    fire.Fire({"run": run, "plot": plot, "report": report})
