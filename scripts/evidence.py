@@ -171,19 +171,11 @@ class Run:
         return SEED_NAME.fullmatch(self.name) is not None
 
 
-@dataclass(frozen=True)
-class Gain:
-    """A mean over problems of a per-problem difference and its 95 % interval."""
-
-    value: float
-    low: float
-    high: float
-
-
-def paired_gain(differences: list[float]) -> Gain:
-    """Mean of per-problem differences (the same problems in both terms) +- Z standard errors over
-    problems (sample standard deviation, N - 1 in its denominator). Not clipped: with the hundreds
-    of problems it is meant for, it stays far inside the range a difference can take.
+def paired_gain(differences: list[float]) -> tuple[float, float, float]:
+    """(mean, low, high): the mean of per-problem differences (the same problems in both terms)
+    +- Z standard errors over problems (sample standard deviation, N - 1 in its denominator). Not
+    clipped: with the hundreds of problems it is meant for, it stays far inside the range a
+    difference can take.
 
     Raises:
         ValueError: fewer than two problems (no spread to measure).
@@ -193,7 +185,7 @@ def paired_gain(differences: list[float]) -> Gain:
         raise ValueError(f"a paired interval needs at least 2 problems, got {num}")
     mean = sum(differences) / num
     half = Z * math.sqrt(sum((d - mean) ** 2 for d in differences) / (num - 1) / num)
-    return Gain(mean, mean - half, mean + half)
+    return mean, mean - half, mean + half
 
 
 def _run_paths(out_dir: str | None, runs: str | tuple | None) -> list[tuple[str, str]]:
@@ -271,8 +263,8 @@ def _pct(value: float, low: float, high: float, sign: str = "") -> str:
     return f"{100 * value:{sign}.1f} [{100 * low:{sign}.1f}, {100 * high:{sign}.1f}]"
 
 
-def _gain_text(gain: Gain) -> str:
-    return _pct(gain.value, gain.low, gain.high, "+")
+def _gain_text(gain: tuple[float, float, float]) -> str:
+    return _pct(*gain, sign="+")
 
 
 def held_out_table(runs: list[Run]) -> list[str]:
