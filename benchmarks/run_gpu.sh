@@ -26,7 +26,7 @@
 #   evidence   configs/evidence_gpu.py with EVIDENCE_ARGS (e.g. "--seed 2", "--actor_lr 0 --actor_min_lr 0",
 #              "--shuffle_rewards True") for at most EVIDENCE_SECONDS (default 540), resumed when
 #              /tmp/evidence_work holds a run of the same EVIDENCE_NAME (a machine kept warm between calls) ->
-#              evidence_NAME.jsonl, evidence_NAME_val.jsonl, evidence_NAME.log
+#              evidence_NAME.tgz (rank0.log.jsonl, rank0.log, validation.jsonl, validation_problems/), evidence_NAME.log
 #   torchrun   the same trainer CLI under `torchrun --nproc_per_node 1`, 2 steps -> torchrun.log, torchrun.jsonl
 #   resume     the CLI at the official batch (64 prompts x 16, gen_max_new RESUME_CAP, default 1024), 3 steps
 #              with an hf-* folder each step: killed with SIGKILL in step 3, then `--resume auto`, then a
@@ -123,8 +123,8 @@ for part in "$@"; do
       (cd /tmp && timeout --foreground -k 60 "${EVIDENCE_SECONDS:-540}" $PY -m oreal_fast.train \
         "$OLDPWD/configs/evidence_gpu.py" ${EVIDENCE_ARGS:-} --work_dir "$work" "${resume[@]}") 2>&1 \
         | tail -c 4000 > "$OUT/evidence_$name.log"
-      cp "$work"/*/rank0.log.jsonl "$OUT/evidence_$name.jsonl"
-      cp "$work"/*/validation.jsonl "$OUT/evidence_${name}_val.jsonl" ;;
+      # what scripts/evidence.py report reads, not the states: the metrics, the text log, the validations
+      (cd "$work"/* && tar czf "$OUT/evidence_$name.tgz" rank0.log.jsonl rank0.log validation.jsonl validation_problems) ;;
     torchrun)
       random_qwen
       rm -rf /tmp/torchrun_work
