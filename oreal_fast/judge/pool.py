@@ -254,28 +254,35 @@ class RulePool:
                     idle.append(self._greet(starting[conn]))
                     continue
                 w, i, _ = busy.pop(conn)
-                try:
-                    ok = conn.recv()
-                except (EOFError, OSError):  # over its CPU limit (SIGPROF), or died otherwise
-                    self._replace(w)
-                    yield i, RuleVerdict.TIMED_OUT
-                    continue
-                idle.append(w)
-                if isinstance(ok, str):  # the check could not be imported
-                    raise RuntimeError(ok)
-                if isinstance(ok, RewardAnswer):
-                    yield i, ok
-                    continue
-                yield i, RuleVerdict.CONFIRMED if ok else RuleVerdict.NOT_CONFIRMED
-            now = time.monotonic()
-            for conn, (w, i, backstop) in list(busy.items()):
-                if now >= backstop:
-                    del busy[conn]
-                    log.warning("check of task %d ran %.0f s of wall time without answering (stuck off the"
-                                " CPU: blocked or swapped?); its worker is replaced and the sample counted as"
-                                " a timeout", i, wall_backstop_s(tasks[i].timeout_s))
-                    self._replace(w)
-                    yield i, RuleVerdict.TIMED_OUT
+                yield i, self._answer(w, idle)
+            yield from self._stuck(busy, tasks)
+
+    def _answer(self, w: _Worker, idle: list[_Worker]) -> RuleVerdict | RewardAnswer:
+        """What a busy worker sent back (the worker goes back to `idle`), or TIMED_OUT for a worker
+        that died, which is replaced."""
+        try:
+            ok = w.conn.recv()
+        except (EOFError, OSError):  # over its CPU limit (SIGPROF), or died otherwise
+            self._replace(w)
+            return RuleVerdict.TIMED_OUT
+        idle.append(w)
+        if isinstance(ok, str):  # the check could not be imported
+            raise RuntimeError(ok)
+        if isinstance(ok, RewardAnswer):
+            return ok
+        return RuleVerdict.CONFIRMED if ok else RuleVerdict.NOT_CONFIRMED
+
+    def _stuck(self, busy: dict, tasks: list[RuleTask | RewardTask]) -> Iterator[tuple[int, RuleVerdict]]:
+        """Replace each busy worker past its wall backstop; its task is a timeout."""
+        now = time.monotonic()
+        for conn, (w, i, backstop) in list(busy.items()):
+            if now >= backstop:
+                del busy[conn]
+                log.warning("check of task %d ran %.0f s of wall time without answering (stuck off the"
+                            " CPU: blocked or swapped?); its worker is replaced and the sample counted as"
+                            " a timeout", i, wall_backstop_s(tasks[i].timeout_s))
+                self._replace(w)
+                yield i, RuleVerdict.TIMED_OUT
 
     def _greet(self, w: _Worker) -> _Worker:
         """Read a starting worker's ready message."""
