@@ -47,10 +47,11 @@ def decoder(dtype: torch.dtype, *, with_lm_head: bool = True, compute_dtype: tor
 
 
 def planned_blocks(trained: list[Decoder], tokens: int, cap_gib: float = CAP_GIB,
-                   loss_kernel: str = "linear_logprob") -> int:
+                   loss_kernel: str = "linear_logprob", weights_cast_once: bool = False) -> int:
     """The trainer's recompute plan (`oreal_fast.recompute`) for micro-batches of `tokens` under
     `cap_gib`, for the RL phase alone (no rollout engine holds memory beside it)."""
-    cfg = TrainConfig(actor="random", datasets="none", rollout_engine="plain", loss_kernel=loss_kernel)
+    cfg = TrainConfig(actor="random", datasets="none", rollout_engine="plain", loss_kernel=loss_kernel,
+                      weights_cast_once=weights_cast_once)
     budget = activation_budget(int(cap_gib * 2**30),
                                committed_bytes(cfg, trained, compute_dtype=torch.bfloat16, tokens=tokens))
     c = QWEN25_05B
@@ -60,11 +61,12 @@ def planned_blocks(trained: list[Decoder], tokens: int, cap_gib: float = CAP_GIB
 
 
 def rl_models(recompute: int | None = None, *, ops: TrunkOps = TRAIN_OPS, tokens: int = 32768,
-              loss_kernel: str = "linear_logprob") -> tuple[RLModels, int]:
+              loss_kernel: str = "linear_logprob", weights_cast_once: bool = False) -> tuple[RLModels, int]:
     """Actor and token RM as fp32 masters computing in bf16, the frozen reference in bf16 (as the trainer).
 
     Args:
-        recompute: blocks recomputed in the actor and the RM; None = `planned_blocks` for `tokens`.
+        recompute: blocks recomputed in the actor and the RM; None = `planned_blocks` for `tokens`
+            (with ``weights_cast_once``, the plan counts the weight copies).
         ops: the trunk ops of all three models.
 
     Returns:
@@ -73,7 +75,8 @@ def rl_models(recompute: int | None = None, *, ops: TrunkOps = TRAIN_OPS, tokens
     actor, reference = decoder(torch.float32, ops=ops), decoder(torch.bfloat16, ops=ops).requires_grad_(False).eval()
     token_rm = TokenRewardModel(decoder(torch.float32, with_lm_head=False, ops=ops))
     if recompute is None:
-        recompute = planned_blocks([actor, token_rm.backbone], tokens, loss_kernel=loss_kernel)
+        recompute = planned_blocks([actor, token_rm.backbone], tokens, loss_kernel=loss_kernel,
+                                   weights_cast_once=weights_cast_once)
     apply_recompute(actor, recompute)
     apply_recompute(token_rm.backbone, recompute)
     return RLModels(actor, reference, token_rm), recompute

@@ -3,12 +3,14 @@
 #   OUT=results_dir bash benchmarks/run_rl_phase_gpu.sh
 #   gpu_tests.log      bf16 parity of the trainable trunk kernels at real shapes (tests/kernels/test_trunk_train.py),
 #                      the RL phase with no host sync and TRAIN_OPS training as the eager ops
-#                      (tests/trainer/test_rl_phase_gpu.py), the activation formula against what autograd
-#                      saves with varlen attention (tests/test_recompute.py)
-#   rl_loop.json       test_bench_rl_loop.py, our split (short and mixed shapes, 40 GiB cap)
+#                      and weights_cast_once giving autocast's gradients (tests/trainer/test_rl_phase_gpu.py),
+#                      the activation formula against what autograd saves with varlen attention
+#                      (tests/test_recompute.py)
+#   rl_loop.json       test_bench_rl_loop.py, our split with and without weights_cast_once (short and mixed
+#                      shapes, 40 GiB cap)
 #   rl_phase_L16384.json, rl_phase_L4096.json
 #                      test_bench_rl_phase.py: defaults, fused loss, eager trunk, recompute none / half / full,
-#                      hf_plain (L4096)
+#                      weights cast once, hf_plain (L4096)
 #   trunk_ops.json     test_bench_trunk_ops.py: eager, ours, liger (from .whl/ when carried), the projections
 #   trunk_ops_compile.json  the same suite's torch.compile cases (compiling takes most of their time)
 #   rl_loop_profile.json  torch.profiler of one phase, ours and with the eager trunk: busy fraction, syncs, kernels
@@ -28,16 +30,16 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" \
   | tee "$OUT/env.txt"
 for t in tests/kernels/test_trunk_train.py tests/trainer/test_rl_phase_gpu.py tests/test_recompute.py; do
-  timeout 40 python3 -m pytest "$t" -q -ra -p no:cacheprovider 2>&1 | tail -n 15 | tee -a "$OUT/gpu_tests.log"
+  timeout 60 python3 -m pytest "$t" -q -ra -p no:cacheprovider 2>&1 | tail -n 15 | tee -a "$OUT/gpu_tests.log"
 done
 bench() {  # file, -k expression, output name, time limit
   timeout "$4" python3 -m pytest "$1" --benchmark-only -q -p no:cacheprovider ${2:+-k "$2"} \
     --benchmark-json "$OUT/$3.json" --benchmark-columns=median,rounds --benchmark-sort=name 2>&1 \
     | tail -n 40 > "$OUT/$3.log"
 }
-bench benchmarks/test_bench_rl_loop.py oreal_fast rl_loop 45
-bench benchmarks/test_bench_rl_phase.py "L16384 and not oreal_fast_eager" rl_phase_L16384 70
-bench benchmarks/test_bench_rl_phase.py "L4096 and not oreal_fast_eager" rl_phase_L4096 45
+bench benchmarks/test_bench_rl_loop.py "oreal_fast or cast_once" rl_loop 80
+bench benchmarks/test_bench_rl_phase.py "L16384 and not oreal_fast_eager" rl_phase_L16384 80
+bench benchmarks/test_bench_rl_phase.py "L4096 and not oreal_fast_eager" rl_phase_L4096 50
 bench benchmarks/test_bench_trunk_ops.py "not torch_compile" trunk_ops 40
 PYTHONPATH=benchmarks:${PYTHONPATH:-} timeout 35 python3 benchmarks/profile_rl_loop.py --out "$OUT/rl_loop_profile.json" \
   --variants oreal_fast trunk_eager > "$OUT/profile.log" 2>&1

@@ -6,6 +6,8 @@ Run: `pytest benchmarks/test_bench_rl_loop.py --benchmark-only` (CUDA only).
 Providers:
   oreal_fast      micro-batches packed to the default token budget (rl_micro_batch_tokens 32768)
   official_split  the official 2 sequences per micro-batch (rl_micro_batch_tokens 0)
+  cast_once       oreal_fast with weights_cast_once (the weights cast once per phase; the recompute
+                  plan counts the copies)
 Cases (fixed seeds):
   short  64 kept sequences, 32 prompts x 2 samples, 470-token prompt + 150..220-token responses
          (~660 tokens each, the shape of a capped-response run)
@@ -33,14 +35,15 @@ from oreal_fast.rl_step import RLSettings, rl_phase
 from oreal_fast.runtime import Precision
 from oreal_fast.trajectories import plan_micro_batches
 
-BUDGETS = {"oreal_fast": 32768, "official_split": 0}
+# provider -> (rl_micro_batch_tokens, weights_cast_once)
+PROVIDERS = {"oreal_fast": (32768, False), "official_split": (0, False), "cast_once": (32768, True)}
 
 
 CASES = {"short": short_case, "mixed": mixed_case}
 
 
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("provider", list(BUDGETS))
+@pytest.mark.parametrize("provider", list(PROVIDERS))
 def test_rl_loop(benchmark, provider, case):
     gc.collect()
     torch.cuda.empty_cache()
@@ -48,12 +51,12 @@ def test_rl_loop(benchmark, provider, case):
     torch.cuda.set_per_process_memory_fraction(CAP_GIB * 2**30 / total)
     try:
         kept = CASES[case]()
-        models, recomputed = rl_models(tokens=32768)
+        budget, cast_once = PROVIDERS[provider]
+        models, recomputed = rl_models(tokens=32768, weights_cast_once=cast_once)
         actor_opt = torch.optim.AdamW(models.actor.parameters(), lr=1e-7, weight_decay=0.01, fused=True)
         rm_opt = torch.optim.AdamW(models.token_rm.parameters(), lr=1e-7, weight_decay=0.01, fused=True)
-        cfg = TrainConfig(actor="random", datasets="none", threshold_rescale=True)
+        cfg = TrainConfig(actor="random", datasets="none", threshold_rescale=True, weights_cast_once=cast_once)
         settings = RLSettings.from_config(cfg, Precision(torch.device(DEVICE), torch.bfloat16))
-        budget = BUDGETS[provider]
 
         def phase():
             rl_phase(models, kept, settings, micro_batch_size=2, token_budget=budget, update_actor=True)

@@ -12,6 +12,9 @@ Providers:
   oreal_fast_eager  the same with every kernel's eager twin (chunked full-vocabulary logits, eager trunk)
   recompute_none, recompute_half, recompute_full
                     oreal_fast with 0, 12 or all 24 blocks of actor and RM recomputed: the recompute table
+  cast_once         oreal_fast with weights_cast_once (and the recompute plan that counts its copies);
+                    the copies are made inside every timed call, since here one micro-batch is the
+                    whole phase: the least a phase of several micro-batches amortises the cast over
   hf_plain          transformers Qwen2ForCausalLM x 3 the plain way: full [B, L, V] logits,
                     gradient checkpointing, log_softmax + gather, the same OREAL math after that
 Cases: 2 sequences of L tokens (512 prompt + L - 512 response), L in {4096, 16384}; hf_plain runs
@@ -36,21 +39,23 @@ from oreal_fast.algo import (ActorLossInputs, LossCoefficients, global_normalise
 from oreal_fast.config import TrainConfig
 from oreal_fast.kernels.trunk_train import TRAIN_OPS
 from oreal_fast.model.decoder import EAGER_OPS
+from oreal_fast.parallel import DataParallel
 from oreal_fast.rl_step import RLSettings, rl_micro_step
 from oreal_fast.runtime import Precision
 from oreal_fast.trajectories import Trajectory, make_micro_batch
 
 PROMPT = 512
 LENGTHS = {"L4096": 4096, "L16384": 16384}
-# provider -> (loss impl, loss kernel, trunk ops, blocks recomputed: None = the plan)
+# provider -> (loss impl, loss kernel, trunk ops, blocks recomputed: None = the plan, weights_cast_once)
 OURS = {
-    "oreal_fast": ("triton", "linear_logprob", TRAIN_OPS, None),
-    "oreal_fast_fused": ("triton", "fused_oreal_loss", TRAIN_OPS, None),
-    "trunk_eager": ("triton", "linear_logprob", EAGER_OPS, None),
-    "oreal_fast_eager": ("eager", "linear_logprob", EAGER_OPS, None),
-    "recompute_none": ("triton", "linear_logprob", TRAIN_OPS, 0),
-    "recompute_half": ("triton", "linear_logprob", TRAIN_OPS, QWEN25_05B.num_layers // 2),
-    "recompute_full": ("triton", "linear_logprob", TRAIN_OPS, QWEN25_05B.num_layers),
+    "oreal_fast": ("triton", "linear_logprob", TRAIN_OPS, None, False),
+    "oreal_fast_fused": ("triton", "fused_oreal_loss", TRAIN_OPS, None, False),
+    "trunk_eager": ("triton", "linear_logprob", EAGER_OPS, None, False),
+    "oreal_fast_eager": ("eager", "linear_logprob", EAGER_OPS, None, False),
+    "recompute_none": ("triton", "linear_logprob", TRAIN_OPS, 0, False),
+    "recompute_half": ("triton", "linear_logprob", TRAIN_OPS, QWEN25_05B.num_layers // 2, False),
+    "recompute_full": ("triton", "linear_logprob", TRAIN_OPS, QWEN25_05B.num_layers, False),
+    "cast_once": ("triton", "linear_logprob", TRAIN_OPS, None, True),
 }
 PROVIDERS = (*OURS, "hf_plain")
 CFG = TrainConfig(actor="random", datasets="none", threshold_rescale=True, pos_mult_adv=True)
@@ -63,15 +68,17 @@ def _trajectories(length: int) -> list[Trajectory]:
 
 
 def _ours(length: int, provider: str):
-    impl, loss_kernel, ops, recompute = OURS[provider]
-    models, recomputed = rl_models(recompute, ops=ops, tokens=2 * length, loss_kernel=loss_kernel)
+    impl, loss_kernel, ops, recompute, cast_once = OURS[provider]
+    models, recomputed = rl_models(recompute, ops=ops, tokens=2 * length, loss_kernel=loss_kernel,
+                                   weights_cast_once=cast_once)
     batch = make_micro_batch(_trajectories(length)).to(torch.device(DEVICE))
     norm = global_normalisers(batch.action_cu_seqlens.diff(), batch.rewards)
-    cfg = dataclasses.replace(CFG, loss_impl=impl, loss_kernel=loss_kernel)
+    cfg = dataclasses.replace(CFG, loss_impl=impl, loss_kernel=loss_kernel, weights_cast_once=cast_once)
     settings = RLSettings.from_config(cfg, Precision(torch.device(DEVICE), torch.bfloat16))
 
     def step():
-        rl_micro_step(models, batch, norm, settings, update_actor=True)
+        with settings.weight_casts(models, DataParallel()):  # as rl_phase runs its micro-batches
+            rl_micro_step(models, batch, norm, settings, update_actor=True)
         models.actor.zero_grad(set_to_none=True)
         models.token_rm.zero_grad(set_to_none=True)
     return step, recomputed, loss_kernel == "linear_logprob"

@@ -286,6 +286,12 @@ class TrainConfig:
     loss_kernel: str = "linear_logprob"
     """Actor loss: linear_logprob (fused log-probs, then the loss in PyTorch) | fused_oreal_loss
     (the whole OREAL loss inside the LM-head kernel)."""
+    weights_cast_once: bool = False
+    """Cast the trained models' matmul weights to the compute dtype once per RL phase, instead of autocast
+    casting the fp32 masters in every forward and recompute of every micro-batch; the masters get the same
+    gradients bit for bit, and the copies take 2 bytes per cast weight during the phase (~1.7 GB for the
+    0.5B actor + RM). Single process only: under torchrun FSDP2 gathers in the compute dtype already, and
+    this does nothing. Off until a GPU benchmark shows it faster (oreal_fast.cast_once)."""
     gpu_memory_limit_gib: float | None = None
     """Cap on this process's GPU memory in GiB (e.g. 40 to emulate a 40 GB card on a larger one); None = no cap."""
     device: str = "auto"

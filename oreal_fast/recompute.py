@@ -39,6 +39,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
+from oreal_fast.cast_once import cast_numel
 from oreal_fast.config import TrainConfig
 from oreal_fast.model.decoder import Decoder, DecoderConfig
 from oreal_fast.rollout.build import engine_name
@@ -130,7 +131,9 @@ def committed_bytes(cfg: TrainConfig, trained: list[Decoder], *, compute_dtype: 
 
     The terms: the weights allocated now; each trained model's gradients (its parameter bytes) and
     AdamW's two moments (twice that); the compute-dtype casts of the largest trained model's weights,
-    which autocast's matmuls keep for the backward; the LM head's backward (dW in the compute dtype,
+    which autocast's matmuls keep for the backward, or with ``weights_cast_once`` every trained model's
+    copies (`cast_once.cast_numel`: held through the phase; counted under torchrun too, where they are
+    not made, so the plan errs towards recompute there); the LM head's backward (dW in the compute dtype,
     dH in fp32 for every token, plus linear_logprob's dz chunk, or fused_oreal_loss's fp32 logits
     chunk and fp32 dW accumulator); the paged engine's weight copy and, when it keeps its cache
     between generations, its KV pool (`kv_cache_bytes`, as `build_rollout` sizes it) and logits buffer.
@@ -142,7 +145,8 @@ def committed_bytes(cfg: TrainConfig, trained: list[Decoder], *, compute_dtype: 
     VH = config.vocab_size * config.hidden_size
     head = VH * c + tokens * 4 * config.hidden_size
     head += _DZ_CHUNK_BYTES if cfg.loss_kernel == "linear_logprob" else _FUSED_CHUNK_ROWS * config.vocab_size * 4 + VH * 4
-    total = torch.cuda.memory_allocated(device) + 3 * sum(param_bytes) + num_params * c + head
+    casts = sum(cast_numel(m) for m in trained) if cfg.weights_cast_once else num_params
+    total = torch.cuda.memory_allocated(device) + 3 * sum(param_bytes) + casts * c + head
     if engine_name(cfg, device) == "paged":
         total += num_params * c
         if cfg.rollout_keep_cache:

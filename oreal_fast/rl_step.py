@@ -11,8 +11,9 @@ the model's forward (the ``head`` argument), so prompt tokens cost no vocabulary
 head runs where a parameter-gathering wrapper (FSDP2) sees it; the LM-head kernels cast the head's
 inputs to the autocast dtype themselves. ``RLSettings`` holds everything the micro-step needs of
 the config, built once per run: the loss constants, the RM weight rule, the precision
-(``runtime.Precision``) and which LM-head kernel computes the actor loss (``linear_logprob`` + the
-eager loss, or ``fused_oreal_loss``, each with ``impl`` "triton" or "eager").
+(``runtime.Precision``), which LM-head kernel computes the actor loss (``linear_logprob`` + the
+eager loss, or ``fused_oreal_loss``, each with ``impl`` "triton" or "eager"), and whether the
+phase runs on weights cast to the compute dtype once (``cast_once``) instead of in every forward.
 
 Data parallel: ``rl_phase`` trains this rank's share of the kept list and returns sums over all
 ranks (``oreal_fast.parallel``); the losses are divided by global counts, so summed gradients are
@@ -30,6 +31,7 @@ nothing here syncs with the host.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from itertools import chain, repeat
 from typing import Any, NamedTuple
@@ -49,6 +51,7 @@ from oreal_fast.algo import (
     rm_token_weights,
     sequence_means,
 )
+from oreal_fast.cast_once import weights_cast_once
 from oreal_fast.kernels import fused_oreal_loss, linear_logprob
 from oreal_fast.model.decoder import Decoder, TokenRewardModel
 from oreal_fast.parallel import DataParallel, max_over_ranks, sum_over_ranks
@@ -85,7 +88,9 @@ class TokenWeightRule:
 class RLSettings:
     """What one micro-step needs, built once per run (not read from the config per micro-batch).
 
-    ``impl`` is the kernels' own word ("triton" | "eager"); ``loss_kernel`` one of LOSS_KERNELS.
+    ``impl`` is the kernels' own word ("triton" | "eager"); ``loss_kernel`` one of LOSS_KERNELS;
+    ``weights_cast_once``: `rl_phase` runs under ``cast_once.weights_cast_once`` (without data
+    parallelism, and only where the forwards run under autocast).
     """
 
     coefficients: LossCoefficients
@@ -93,6 +98,7 @@ class RLSettings:
     precision: Precision
     impl: str
     loss_kernel: str = "linear_logprob"
+    weights_cast_once: bool = False
 
     def __post_init__(self) -> None:
         if self.loss_kernel not in LOSS_KERNELS:
@@ -102,7 +108,16 @@ class RLSettings:
     def from_config(cls, cfg: Any, precision: Precision) -> "RLSettings":
         """What every micro-step needs of the config, built once per run."""
         return cls(LossCoefficients.from_config(cfg), TokenWeightRule.from_config(cfg), precision,
-                   impl=resolve_kernel_impl(cfg.loss_impl, precision.device), loss_kernel=cfg.loss_kernel)
+                   impl=resolve_kernel_impl(cfg.loss_impl, precision.device), loss_kernel=cfg.loss_kernel,
+                   weights_cast_once=cfg.weights_cast_once)
+
+    def weight_casts(self, models: RLModels, dp: DataParallel) -> contextlib.AbstractContextManager:
+        """The trained models' weights cast once for a phase (``cast_once``) when asked for and useful:
+        forwards under autocast, no data parallelism (FSDP2 already gathers in the compute dtype)."""
+        if not (self.weights_cast_once and self.precision.uses_autocast and not dp.enabled):
+            return contextlib.nullcontext()
+        trained = [m for m in (models.actor, models.token_rm) if m is not None]
+        return weights_cast_once(trained, self.precision.compute_dtype)
 
 
 class MicroStepSums(NamedTuple):
@@ -258,7 +273,8 @@ def rl_phase(
     rank with fewer micro-batches than the busiest one runs zero-weight padding micro-batches
     (``rl_micro_step(pad=True)``) so that every rank makes the same FSDP collectives. Every rank
     plans all ranks' micro-batches once, from host lengths every rank knows, so this needs no
-    collective of its own.
+    collective of its own. With ``settings.weights_cast_once`` (one process) every micro-batch runs
+    on the copies ``cast_once.weights_cast_once`` makes when the phase starts.
 
     Args:
         kept: the step's kept trajectories (at least one), the same list on every rank.
@@ -286,8 +302,9 @@ def rl_phase(
     micro_batches = iter_micro_batches(share, plans[dp.rank], device)
     work = chain(zip(micro_batches, repeat(False), tokens), ((m, True, 0) for m in pads))
     total = None
-    for micro, pad, num_tokens in work:
-        sums = rl_micro_step(models, micro, norm, settings, update_actor=update_actor, pad=pad)
-        total = sums if total is None else total.merged(sums)
-        progress.add(done=1, tokens=num_tokens)
+    with settings.weight_casts(models, dp):
+        for micro, pad, num_tokens in work:
+            sums = rl_micro_step(models, micro, norm, settings, update_actor=update_actor, pad=pad)
+            total = sums if total is None else total.merged(sums)
+            progress.add(done=1, tokens=num_tokens)
     return total.over_ranks(dp)

@@ -16,7 +16,8 @@ compile (nothing here is compiled: the trunk runs eager or through its own kerne
 serve evaluation the same way.
 
 Not here: the LM-head kernels' casts (each kernel casts its inputs to the autocast dtype itself),
-the rollout engines' precision (``rollout.build_rollout`` hands them the compute dtype).
+the rollout engines' precision (``rollout.build_rollout`` hands them the compute dtype), the
+trained weights' compute-dtype copies of one RL phase (``cast_once``, with ``weights_cast_once``).
 Invariant: after `build_runtime`, no module decides a dtype of its own; trained weights and their
 optimiser states are fp32 (``MASTER_DTYPE``), everything a forward computes is ``compute_dtype``.
 """
@@ -53,10 +54,15 @@ class Precision:
     device: torch.device
     compute_dtype: torch.dtype
 
+    @property
+    def uses_autocast(self) -> bool:
+        """Forwards run under autocast: the compute dtype is a 16-bit one, below the fp32 masters'."""
+        return self.compute_dtype in (torch.bfloat16, torch.float16)
+
     def autocast(self) -> contextlib.AbstractContextManager:
         """Autocast to ``compute_dtype`` around a forward when it is a 16-bit dtype; none for fp32 (the
         masters' dtype) or fp64 (the CPU tests that compare two computations to rounding)."""
-        if self.compute_dtype not in (torch.bfloat16, torch.float16):
+        if not self.uses_autocast:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 

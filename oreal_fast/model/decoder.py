@@ -285,14 +285,19 @@ class Decoder(nn.Module):
         self.has_lm_head = with_lm_head
         untied = with_lm_head and not config.tie_embeddings
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, **factory) if untied else None
+        # a tied head's matrix in the compute dtype, set for one RL phase by oreal_fast.cast_once (the
+        # embedding lookup keeps the master); None = the embedding matrix itself
+        self.tied_head_cast: torch.Tensor | None = None
         self._rope: torch.Tensor | None = None  # rope_table() for the parameters' device, made on first use
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
-        """LM head matrix [V, H] (the embedding matrix when tied)."""
+        """LM head matrix [V, H] (the embedding matrix when tied, or its `tied_head_cast` when set)."""
         if not self.has_lm_head:
             raise AttributeError("this Decoder was built with_lm_head=False (a reward-model backbone)")
-        return self.embed.weight if self.lm_head is None else self.lm_head.weight
+        if self.lm_head is not None:
+            return self.lm_head.weight
+        return self.embed.weight if self.tied_head_cast is None else self.tied_head_cast
 
     @torch.no_grad()
     def init_weights(self) -> None:

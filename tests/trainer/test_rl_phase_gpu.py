@@ -1,6 +1,7 @@
 """The RL phase on a CUDA GPU as the trainer runs it (fp32 masters under bf16 autocast, varlen
-attention, Triton LM-head kernels): no host sync anywhere in the phase, and the fused trunk ops
-(`TRAIN_OPS`) train the same as the eager ones.
+attention, Triton LM-head kernels): no host sync anywhere in the phase, the fused trunk ops
+(`TRAIN_OPS`) train the same as the eager ones, and ``weights_cast_once`` gives the masters the
+gradients autocast gives them (its own tolerance in its test).
 
 Tolerance of the comparison: both paths compute in bf16 and round at the same places, but fp32
 sums in another order put some bf16 results one ulp apart (and attention's backward has no fixed
@@ -55,10 +56,16 @@ def _kept() -> list[Trajectory]:
             for i, (p, r) in enumerate(lens)]
 
 
-def _phase(models: RLModels):
-    settings = RLSettings.from_config(TrainConfig(actor="x", datasets="none", threshold_rescale=True),
-                                      Precision(torch.device("cuda"), torch.bfloat16))
+def _phase(models: RLModels, **config):
+    cfg = TrainConfig(actor="x", datasets="none", threshold_rescale=True, **config)
+    settings = RLSettings.from_config(cfg, Precision(torch.device("cuda"), torch.bfloat16))
     return rl_phase(models, _kept(), settings, micro_batch_size=2, token_budget=1024, update_actor=True)
+
+
+def _grads(models: RLModels) -> dict[str, torch.Tensor]:
+    grads = {f"actor.{n}": p.grad for n, p in models.actor.named_parameters()}
+    grads.update({f"rm.{n}": p.grad for n, p in models.token_rm.named_parameters()})
+    return grads
 
 
 def test_rl_phase_makes_no_host_sync():
@@ -80,11 +87,30 @@ def test_train_ops_train_as_the_eager_ops():
     for ops in (EAGER_OPS, TRAIN_OPS):
         models = _models(ops)
         sums = _phase(models)
-        grads = {f"actor.{n}": p.grad for n, p in models.actor.named_parameters()}
-        grads.update({f"rm.{n}": p.grad for n, p in models.token_rm.named_parameters()})
-        results.append((torch.stack(list(sums)).double(), grads))
+        results.append((torch.stack(list(sums)).double(), _grads(models)))
     (ref_sums, ref_grads), (sums, grads) = results
     assert torch.allclose(sums, ref_sums, rtol=2e-2, atol=1e-6), (sums, ref_sums)
     for name, g_ref in ref_grads.items():
         err = (grads[name].double() - g_ref.double()).norm() / g_ref.double().norm().clamp_min(1e-30)
         assert err <= 2e-2, f"{name}: relative L2 error {err:.2e}"
+
+
+@pytest.mark.parametrize("loss_kernel", ["linear_logprob", "fused_oreal_loss"])
+def test_weights_cast_once_gives_the_masters_autocasts_gradients(loss_kernel):
+    """The phase of 3 micro-batches with and without ``weights_cast_once`` (TRAIN_OPS, varlen attention,
+    the Triton LM-head kernels): the same GEMMs on the same bf16 weights, so on CPU the gradients are
+    equal bit for bit (tests/test_cast_once.py). Here attention's backward adds into dq in no fixed
+    order, so two runs of either path differ by that round-off only: the forwards' sums agree to rel
+    1e-3 and each master's gradient to rel 1e-2 in L2 norm. A gradient lost or counted twice in the
+    hooks moves a parameter's gradient by a whole micro-batch's share (order 1/3)."""
+    results = []
+    for cast_once in (False, True):
+        models = _models(TRAIN_OPS)
+        sums = _phase(models, loss_kernel=loss_kernel, weights_cast_once=cast_once)
+        results.append((torch.stack(list(sums)).double(), _grads(models)))
+        assert all(p.dtype == torch.float32 for p in models.actor.parameters())  # the masters are back
+    (ref_sums, ref_grads), (sums, grads) = results
+    assert torch.allclose(sums, ref_sums, rtol=1e-3, atol=1e-7), (sums, ref_sums)
+    for name, g_ref in ref_grads.items():
+        err = (grads[name].double() - g_ref.double()).norm() / g_ref.double().norm().clamp_min(1e-30)
+        assert err <= 1e-2, f"{name}: relative L2 error {err:.2e}"

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from oreal_fast.config import load_config
+from oreal_fast import runtime as runtime_module
 from oreal_fast import trainer as trainer_module
 from oreal_fast.trainer import Trainer
 
@@ -154,3 +155,29 @@ def test_shuffle_rewards_permutes_each_steps_rewards_before_the_advantages(tmp_p
     judged = REWARDS  # the scripted router's pattern, one per sample
     assert [sorted(r) for r in seen] == [sorted(judged)] * 2
     assert seen[0] != judged and seen[0] != seen[1]
+
+
+def test_weights_cast_once_trains_bit_for_bit_as_autocast(tmp_path, tiny_model_dir, perturbed_actor_dir, prompt_file,
+                                                         monkeypatch):
+    """``weights_cast_once`` is a speed switch only: two steps under bf16 autocast, two micro-batches a
+    step (one sequence each), give the same losses, gradient norms and trained weights, bit for bit
+    (why bitwise: tests/test_cast_once.py). The config refuses bf16 on CPU (slow there); CPU autocast
+    runs it, so the runtime's compute dtype is patched to bf16."""
+    monkeypatch.setattr(runtime_module, "resolve_compute_dtype", lambda name, device: torch.bfloat16)
+    keys = ("positive_loss", "negative_loss", "kl_penalty_loss", "rl_loss", "token_level_rm_loss", "avg_gen_entropy",
+            "avg_ref_kl", "actor_grad_norm", "token_rm_grad_norm")
+    runs = []
+    for cast_once in (False, True):
+        folder = tmp_path / f"cast_once_{cast_once}"
+        folder.mkdir()
+        cfg = load_config(write_config(folder, perturbed_actor_dir, tiny_model_dir, prompt_file, rl_mirco_batch=1,
+                                       rl_micro_batch_tokens=0, weights_cast_once=cast_once))
+        trainer = make_trainer(cfg)
+        assert trainer.runtime.compute_dtype == torch.bfloat16
+        metrics = [trainer.step(0), trainer.step(1)]
+        weights = {**trainer.models.actor.state_dict(), **trainer.models.token_rm.state_dict()}
+        runs.append(([[m[k] for k in keys] for m in metrics], weights))
+    (ref_metrics, ref_weights), (metrics, weights) = runs
+    assert metrics == ref_metrics
+    assert all(0 < m[keys.index("actor_grad_norm")] for m in metrics)
+    assert all(torch.equal(weights[k], w) for k, w in ref_weights.items())

@@ -1,0 +1,184 @@
+"""Weights cast once per RL phase (`oreal_fast.cast_once`) against autocast's cast in every forward,
+on CPU under bf16 autocast (which CPU autocast supports): fp32 masters, a bf16 reference, blocks
+recomputed in both trained models.
+
+The masters' gradients are compared BITWISE (torch.equal): both paths run the same bf16 GEMMs on the
+same bf16 weights (a cast to bf16 rounds the same way wherever it runs), hand the masters the same
+bf16 weight gradients converted to fp32, and add them into ``.grad`` in the same order, the tied LM
+head's included (see the module docstring). So any difference is a wrong hook, not round-off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from oreal_fast.cast_once import cast_numel, cast_targets, weights_cast_once
+from oreal_fast.config import TrainConfig
+from oreal_fast.model.decoder import Decoder, DecoderConfig, TokenRewardModel
+from oreal_fast.parallel import DataParallel
+from oreal_fast.recompute import apply_recompute
+from oreal_fast.rl_step import RLSettings, rl_micro_step, rl_phase
+from oreal_fast.runtime import Precision, RLModels
+from oreal_fast.trajectories import Trajectory, make_micro_batch
+from oreal_fast.algo import global_normalisers
+
+CONFIG = DecoderConfig(family="qwen2", vocab_size=300, hidden_size=64, intermediate_size=96, num_layers=3,
+                       num_heads=4, num_kv_heads=2, head_dim=16, tie_embeddings=True, qkv_bias=True, init_std=0.1)
+BF16 = Precision(torch.device("cpu"), torch.bfloat16)
+ACTOR_RECOMPUTED, RM_RECOMPUTED = 2, 1
+
+
+def _models(tied: bool = True) -> RLModels:
+    torch.manual_seed(0)
+    config = dataclasses.replace(CONFIG, tie_embeddings=tied)
+    actor = Decoder(config, dtype=torch.float32, compute_dtype=torch.bfloat16)
+    reference = Decoder(config, dtype=torch.bfloat16)
+    backbone = Decoder(config, with_lm_head=False, dtype=torch.float32, compute_dtype=torch.bfloat16)
+    for m in (actor, reference, backbone):
+        m.init_weights()
+    reference.requires_grad_(False).eval()
+    token_rm = TokenRewardModel(backbone)
+    with torch.no_grad():  # a non-zero score head, so the RM's weights shape the actor's loss
+        token_rm.score_head.weight.normal_(0, 0.1)
+    apply_recompute(actor, ACTOR_RECOMPUTED)
+    apply_recompute(backbone, RM_RECOMPUTED)
+    return RLModels(actor, reference, token_rm)
+
+
+def _kept() -> list[Trajectory]:
+    g = torch.Generator().manual_seed(5)
+    ids = lambda n: torch.randint(0, CONFIG.vocab_size, (n,), generator=g).tolist()  # noqa: E731
+    return [Trajectory(ids(p), ids(r), 1.0 if i % 2 == 0 else -1.0, 0.4 if i % 2 == 0 else -0.4)
+            for i, (p, r) in enumerate([(10, 20), (10, 15), (7, 30), (7, 9)])]
+
+
+def _settings(cast_once: bool, loss_kernel: str = "linear_logprob", precision: Precision = BF16) -> RLSettings:
+    cfg = TrainConfig(actor="x", datasets="none", threshold_rescale=True, weights_cast_once=cast_once,
+                      loss_kernel=loss_kernel)
+    return RLSettings.from_config(cfg, precision)
+
+
+def _grads(models: RLModels) -> dict[str, torch.Tensor]:
+    grads = {f"actor.{n}": p.grad for n, p in models.actor.named_parameters()}
+    grads.update({f"rm.{n}": p.grad for n, p in models.token_rm.named_parameters()})
+    return grads
+
+
+def _assert_bitwise(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> None:
+    assert ref.keys() == got.keys()
+    for name, g in ref.items():
+        assert g is not None and g.dtype == torch.float32, name
+        assert torch.equal(got[name], g), f"{name}: max |diff| {(got[name] - g).abs().max():.3e}"
+
+
+@pytest.mark.parametrize("loss_kernel", ["linear_logprob", "fused_oreal_loss"])
+@pytest.mark.parametrize("tied", [True, False])
+def test_one_micro_step_gives_the_masters_autocasts_gradients_bitwise(tied, loss_kernel):
+    """(a) One micro-batch, the context around it as `rl_phase` puts it."""
+    batch = make_micro_batch(_kept()[:2])
+    norm = global_normalisers(batch.action_cu_seqlens.diff(), batch.rewards)
+    results = []
+    for cast_once in (False, True):
+        models, settings = _models(tied), _settings(cast_once, loss_kernel)
+        with settings.weight_casts(models, DataParallel()):
+            sums = rl_micro_step(models, batch, norm, settings, update_actor=True)
+        results.append((torch.stack(list(sums)), _grads(models)))
+    (ref_sums, ref_grads), (sums, grads) = results
+    assert torch.equal(sums, ref_sums)
+    _assert_bitwise(ref_grads, grads)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_phase_of_four_micro_batches_accumulates_the_same_gradients_bitwise(tied):
+    """(b) Gradients accumulated over micro-batches: the tied matrix takes two gradients in each."""
+    results = []
+    for cast_once in (False, True):
+        models = _models(tied)
+        sums = rl_phase(models, _kept(), _settings(cast_once), micro_batch_size=1, token_budget=0, update_actor=True)
+        results.append((torch.stack(list(sums)), _grads(models)))
+    (ref_sums, ref_grads), (sums, grads) = results
+    assert torch.equal(sums, ref_sums)
+    _assert_bitwise(ref_grads, grads)
+
+
+class _MasterCasts(TorchDispatchMode):
+    """Counts the copies made of the given tensors' storage (autocast's casts reach ``aten._to_copy``)."""
+
+    def __init__(self, masters: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.ptrs, self.count = {p.data_ptr() for p in masters}, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._to_copy.default and args[0].data_ptr() in self.ptrs:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_each_weight_is_cast_once_per_phase_not_per_forward_and_recompute():
+    kept = _kept()
+    counts = []
+    for cast_once in (False, True):
+        models = _models()
+        with _MasterCasts([*models.actor.parameters(), *models.token_rm.parameters()]) as casts:
+            rl_phase(models, kept, _settings(cast_once), micro_batch_size=1, token_budget=0, update_actor=True)
+        counts.append(casts.count)
+    models = _models()
+    per_block = len(cast_targets(models.actor.blocks[0]))  # q, k, v with biases, o, gate, up, down: 10
+    per_model = [len(cast_targets(models.actor)) + 1, len(cast_targets(models.token_rm))]  # + the tied head
+    assert per_model == [3 * per_block + 1, 3 * per_block + 1]  # the RM's score head is a Linear
+    # autocast: every forward casts each target, every recomputed block its own again
+    per_micro_batch = sum(per_model) + (ACTOR_RECOMPUTED + RM_RECOMPUTED) * per_block
+    assert counts == [len(kept) * per_micro_batch, sum(per_model)]
+
+
+def test_the_modules_hold_their_masters_again_after_the_phase_and_after_an_error():
+    models = _models()
+    masters = dict(models.actor.named_parameters())
+    with weights_cast_once([models.actor], torch.bfloat16):
+        inside = dict(models.actor.named_parameters())
+        assert inside.keys() == masters.keys()  # the parameters' names (and the state dict's) do not change
+        block = models.actor.blocks[-1]  # not recomputed: no wrapper in the names
+        assert block.attn.wq.weight.dtype == block.attn.wq.bias.dtype == block.mlp.w_down.weight.dtype == torch.bfloat16
+        assert block.attn_norm is masters["blocks.2.attn_norm"]  # norms and the embedding keep their masters
+        assert models.actor.lm_head_weight.dtype == torch.bfloat16 and inside["embed.weight"] is masters["embed.weight"]
+    with pytest.raises(ValueError, match="boom"), weights_cast_once([models.actor], torch.bfloat16):
+        raise ValueError("boom")
+    after = dict(models.actor.named_parameters())
+    assert all(after[n] is p for n, p in masters.items())
+    assert models.actor.tied_head_cast is None and models.actor.lm_head_weight is masters["embed.weight"]
+
+
+def test_a_tied_heads_gradient_that_never_meets_the_embeddings_is_an_error():
+    models = _models()
+    with pytest.raises(RuntimeError, match="never met its embedding"):
+        with weights_cast_once([models.actor], torch.bfloat16):
+            models.actor.lm_head_weight.float().square().sum().backward()
+
+
+def test_the_phase_casts_nothing_under_data_parallelism_or_without_autocast():
+    models = _models()
+    assert isinstance(_settings(True).weight_casts(models, DataParallel(0, 2)), contextlib.nullcontext)
+    fp32 = Precision(torch.device("cpu"), torch.float32)
+    assert isinstance(_settings(True, precision=fp32).weight_casts(models, DataParallel()), contextlib.nullcontext)
+    assert isinstance(_settings(False).weight_casts(models, DataParallel()), contextlib.nullcontext)
+
+
+def test_cast_numel_counts_the_matmul_weights_and_the_tied_head():
+    """Counted from the shapes by hand, and the docstring's Qwen2.5-0.5B numbers (on the meta device)."""
+    c = CONFIG
+    Q, K = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    per_layer = c.hidden_size * (Q + 2 * K) + (Q + 2 * K) + Q * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
+    models = _models()
+    assert cast_numel(models.actor) == c.num_layers * per_layer + c.vocab_size * c.hidden_size
+    assert cast_numel(models.token_rm) == c.num_layers * per_layer + c.hidden_size  # the score head, no LM head
+    assert cast_numel(models.reference) == 0  # bf16 already
+    qwen = DecoderConfig(family="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24,
+                         num_heads=14, num_kv_heads=2, head_dim=64, tie_embeddings=True, qkv_bias=True)
+    actor = Decoder(qwen, device="meta", dtype=torch.float32, attn_backend="sdpa")
+    backbone = Decoder(qwen, with_lm_head=False, device="meta", dtype=torch.float32, attn_backend="sdpa")
+    assert round(cast_numel(actor) / 1e6) == 494 and round(cast_numel(backbone) / 1e6) == 358
