@@ -8,10 +8,11 @@ about what a random-init 0.5B model gives (the engine benchmarks' rows), spread 
 at top-p 0.9).
 Modes: `top_p` (0.9 alone, the official setting), `top_k_top_p` (top-k 20, then top-p 0.9),
 `plain` (temperature only).
-Providers: `oreal_fast` (the Triton kernels), `baseline` (the same file of the oreal_fast under
-$BASELINE_ROOT, see benchmarks/baseline.py; skipped without it), `torch_sort` (the official rule:
-`sample_next_token`, filter_logits + softmax + multinomial), `flashinfer`. oreal_fast and baseline
-are timed as a CUDA graph of one call
+Providers: `oreal_fast` (the Triton kernels), `oreal_fast_logprobs` (the same with each sampled
+token's log-prob, as the engine samples: what the log-prob costs), `baseline` (the same file of the
+oreal_fast under $BASELINE_ROOT, see benchmarks/baseline.py; skipped without it), `torch_sort` (the
+official rule: `sample_next_token`, filter_logits + softmax + multinomial), `flashinfer`. Ours and
+baseline are timed as a CUDA graph of one call
 (their uniforms drawn once, outside), the others eagerly.
 Each case records extra_info: `ms` (median), `gb_per_s` (the logits' bytes, read once, over the
 median time), and for oreal_fast `resolved` (the fraction of rows that took the two sweeps; the
@@ -24,7 +25,7 @@ import pytest
 import torch
 
 from baseline import baseline_module
-from oreal_fast.kernels import sample_from_logits
+from oreal_fast.kernels import sample_from_logits, sample_with_logprobs
 from oreal_fast.rollout.base import SamplingParams
 from oreal_fast.rollout.sampling import sample_next_token
 
@@ -34,7 +35,7 @@ V = 151936  # Qwen2.5 vocabulary (LM-head rows)
 MODES = {"top_p": (0, 0.9), "top_k_top_p": (20, 0.9), "plain": (0, 1.0)}  # (top_k, top_p)
 CASES = ([("top_p", b, s) for b in (1, 64, 256, 1024) for s in (1.0, 3.0)]
          + [("top_p", 256, 0.6), ("top_k_top_p", 256, 1.0), ("top_k_top_p", 256, 3.0), ("plain", 256, 3.0)])
-PROVIDERS = ("oreal_fast", "baseline", "torch_sort", "flashinfer")
+PROVIDERS = ("oreal_fast", "oreal_fast_logprobs", "baseline", "torch_sort", "flashinfer")
 
 
 def _sample_fn(provider: str, logits: torch.Tensor, top_k: int, top_p: float, g: torch.Generator):
@@ -42,6 +43,8 @@ def _sample_fn(provider: str, logits: torch.Tensor, top_k: int, top_p: float, g:
     uniform = torch.rand(logits.shape[0], generator=g, device=logits.device)
     if provider == "oreal_fast":
         return lambda: sample_from_logits(logits, uniform, top_k=top_k, top_p=top_p)
+    if provider == "oreal_fast_logprobs":
+        return lambda: sample_with_logprobs(logits, uniform, top_k=top_k, top_p=top_p)
     if provider == "baseline":
         base = baseline_module("kernels/sampling.py")
         return lambda: base.sample_from_logits(logits, uniform, top_k=top_k, top_p=top_p)
@@ -63,7 +66,7 @@ def test_sampling(benchmark, mode, B, spread, provider):
     g = torch.Generator(device="cuda").manual_seed(0)
     logits = (torch.randn(B, V, device="cuda", generator=g) * spread).bfloat16()
     fn = _sample_fn(provider, logits, top_k, top_p, g)
-    if provider in ("oreal_fast", "baseline"):
+    if provider in ("oreal_fast", "oreal_fast_logprobs", "baseline"):
         fn()  # compile outside the capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
