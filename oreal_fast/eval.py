@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import re
 import sys
@@ -35,6 +36,7 @@ from oreal_fast.config_doc import handle_help
 from oreal_fast.data.sources import GymSource, Source, parse_sources
 from oreal_fast.eval_presets import PRESETS, get_preset
 from oreal_fast.evaluator import CONFIDENCE, EvalResult
+from oreal_fast.progress import Progress, ProgressTicker, refresh_interval
 from oreal_fast.train import usage_errors_exit
 
 ABOUT = ("Evaluates MODEL on a standard set (--preset) or held-out problems (--datasets), through the "
@@ -89,10 +91,27 @@ def evaluate_model(cfg: TrainConfig) -> EvalResult:
     evaluator = Evaluator.from_config(cfg, tokenizer=tokenizer, stop_token_id=stop_token_id, device=runtime.device)
     actor = load_frozen(cfg, "actor", runtime)
     num_sessions = len(evaluator.records) * max(1, cfg.val_samples_per_problem)
+    progress = Progress()  # the engine adds the responses it finishes and the tokens it samples
     rollout = build_rollout(cfg, actor, compute_dtype=runtime.compute_dtype, num_sessions=num_sessions,
-                            training=False)
-    with Router(cfg.judgers_config, cfg.data_judger_mapping) as router:
-        return evaluator.evaluate(rollout, router)
+                            training=False, progress=progress)
+    progress.start("evaluate")
+    progress.expect(len(evaluator.records) * (1 + cfg.val_samples_per_problem), "responses")
+    ticker = ProgressTicker(lambda: _show(progress.line()), interval=refresh_interval(sys.stderr))
+    try:
+        with Router(cfg.judgers_config, cfg.data_judger_mapping) as router:
+            return evaluator.evaluate(rollout, router)
+    finally:
+        ticker.close()
+        _show(progress.line(), last=True)
+
+
+def _show(line: str, last: bool = False) -> None:
+    """The progress line on stderr: redrawn in place on a terminal, a line each time into a file."""
+    if sys.stderr.isatty():
+        sys.stderr.write(f"\r{line}\033[K" + ("\n" if last else ""))
+    else:
+        sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def build_report(cfg: TrainConfig, preset: str | None, result: EvalResult) -> dict:
@@ -195,6 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if handle_help(argv, "oreal_fast.eval", _run, ABOUT, hidden=("actor",)):  # MODEL is the actor
         return
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")  # what loads
     fire.Fire(_run, command=argv, name="oreal_fast.eval")
 
 

@@ -122,7 +122,10 @@ def test_eval_command_on_a_saved_checkpoint_writes_its_report(tmp_path, tiny_mod
     # a random model writes 6 bytes of noise: never the stop word, so every verdict is wrong
     assert report["metrics"] == {"val_num_problems": 3, "val_greedy_pass1": 0.0, "val_sampled_pass1": 0.0,
                                  "val_pass_at_k": 0.0}
-    printed = capsys.readouterr().out.splitlines()
+    printed, errors = capsys.readouterr()
+    printed = printed.splitlines()
+    # the last progress line: 3 greedy + 3 x 2 sampled responses of 6 tokens each (no stop word)
+    assert errors.splitlines()[-1].startswith("evaluate 9/9 responses, 54 tokens, ")
     # 0 of 3 greedy: Wilson's upper bound z^2 / (3 + z^2) = 3.84 / 6.84; no sampled answer right: no spread
     assert printed[-4:] == ["| greedy pass@1 | 0.0 | [0.0, 56.1] |", "| mean@2 | 0.0 | [0.0, 0.0] |",
                             "| pass@2 | 0.0 | [0.0, 0.0] |", f"wrote {out}"]
