@@ -33,7 +33,7 @@ from oreal_fast.runtime import Precision, RLModels
 from oreal_fast.trainer import Trainer
 from oreal_fast.trajectories import Trajectory, plan_micro_batches
 
-from trainer_helpers import K, TEXTS, KeywordRouter, make_tokenizer, write_config
+from trainer_helpers import K, TEXTS, KeywordRouter, TextRollout, make_tokenizer, write_config
 
 # fp32 on both sides; only the order of the sums differs (ranks' partial sums, shard-wise norms)
 RTOL = 2e-5
@@ -170,7 +170,7 @@ def test_two_ranks_equal_one_process(two_rank_results, case):
             assert err <= RTOL * ref.abs().max() + atol, f"{kind} {name}: {err}"
 
 
-class KeyedRollout:
+class KeyedRollout(TextRollout):
     """Sample j of a prompt's group answers ``TEXTS[(sum of the prompt's ids + j) % len(TEXTS)]``:
     the same responses whichever rank generates the prompt (groups arrive whole and in order).
     Its log-probs are keyed too (-1 - (token mod 97) / 100): no model's, but the same on every
@@ -189,23 +189,8 @@ class KeyedRollout:
         self.logprobs = [-1.0 - (torch.tensor(r, dtype=torch.float32) % 97) / 100 for r in out]
         return out
 
-    def sync_weights(self, weights):
-        pass  # keyed texts do not depend on the weights
-
     def response_logprobs(self):
         return self.logprobs
-
-    def fit_memory(self, peak_gib):
-        pass  # nothing here is sized from memory
-
-    def memory_state(self):
-        return {}
-
-    def load_memory_state(self, state):
-        pass
-
-    def stats(self):
-        return {}
 
 
 def _fit(cfg_path: str, dp: DataParallel) -> str:

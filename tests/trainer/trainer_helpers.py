@@ -72,8 +72,31 @@ def write_config(tmp_path, actor: str, reference: str, prompt_file: str, **extra
     return str(path)
 
 
+class TextRollout:
+    """What a rollout stand-in whose texts depend on neither the weights nor memory does between
+    its `generate` calls: nothing (a subclass with a model distribution overrides `response_logprobs`)."""
+
+    def sync_weights(self, weights):
+        pass  # the texts do not depend on the weights
+
+    def response_logprobs(self):
+        return None  # the texts come from no model distribution
+
+    def fit_memory(self, peak_gib):
+        pass  # nothing here is sized from memory
+
+    def memory_state(self):
+        return {}
+
+    def load_memory_state(self, state):
+        pass
+
+    def stats(self):
+        return {}
+
+
 @dataclass
-class ScriptedRollout:
+class ScriptedRollout(TextRollout):
     """Answers each prompt with a text of ``texts`` drawn with the run's sampling generator (so a
     resumed run draws what a straight run would), encoded, stop token appended.
 
@@ -96,24 +119,6 @@ class ScriptedRollout:
             ids = self.tokenizer.encode(self.texts[i], add_special_tokens=False)[: params.max_new_tokens - 1]
             out.append(ids + [self.stop_token_id])
         return out
-
-    def sync_weights(self, weights):
-        pass  # scripted texts do not depend on the weights
-
-    def response_logprobs(self):
-        return None  # scripted texts come from no model distribution
-
-    def fit_memory(self, peak_gib):
-        pass  # nothing here is sized from memory
-
-    def memory_state(self):
-        return {}
-
-    def load_memory_state(self, state):
-        pass
-
-    def stats(self):
-        return {}
 
 
 class KeywordRouter:
