@@ -11,12 +11,11 @@ from oreal_fast.kernels.fused_oreal_loss import fused_oreal_loss, fused_oreal_lo
 from oreal_fast.kernels.paged_attention import paged_decode_attention, paged_decode_attention_eager
 from oreal_fast.kernels.sampling import (sample_from_logits, sample_from_logits_eager, sample_with_logprobs,
                                         sample_with_logprobs_eager, token_logprobs, token_logprobs_eager)
-from oreal_fast.kernels.trunk_inference import (add_rms_norm, add_rms_norm_eager, apply_rope, apply_rope_eager,
-                                                rms_norm, rms_norm_eager, rope_write_kv, rope_write_kv_eager,
+from oreal_fast.kernels.trunk_inference import (add_rms_norm, add_rms_norm_eager, rope_write_kv, rope_write_kv_eager,
                                                 silu_mul, silu_mul_eager)
 
-__all__ = ["IGNORE_INDEX", "add_rms_norm", "add_rms_norm_eager", "apply_rope", "apply_rope_eager", "fused_oreal_loss",
+__all__ = ["IGNORE_INDEX", "add_rms_norm", "add_rms_norm_eager", "fused_oreal_loss",
            "fused_oreal_loss_eager", "linear_logprob", "linear_logprob_eager", "paged_decode_attention",
-           "paged_decode_attention_eager", "rms_norm", "rms_norm_eager", "rope_write_kv", "rope_write_kv_eager",
+           "paged_decode_attention_eager", "rope_write_kv", "rope_write_kv_eager",
            "sample_from_logits", "sample_from_logits_eager", "sample_with_logprobs", "sample_with_logprobs_eager",
            "silu_mul", "silu_mul_eager", "token_logprobs", "token_logprobs_eager"]

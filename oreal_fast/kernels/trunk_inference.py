@@ -43,9 +43,9 @@ name one slot (a CUDA graph's padding rows all write the null block's slot 0); w
 lands is unspecified.
 
 Forward only, no autograd: the rollout engine's copy uses them (`oreal_fast.rollout.engine.
-inference_model`), and `INFERENCE_OPS` offers rms_norm, apply_rope and silu_mul as a
-`Decoder`'s `trunk_ops`; the trained models keep the eager ops of `oreal_fast.model.decoder`,
-whose backward autograd derives. The twins here are those eager ops with the kernels' signature.
+inference_model`). The trained models take the differentiable ones of `trunk_train` (`TRAIN_OPS`),
+which a `Decoder` that does not train can use too. The twins here are the eager ops of
+`oreal_fast.model.decoder` with the kernels' signature.
 On CPU the Triton path runs only under TRITON_INTERPRET=1.
 """
 
@@ -106,30 +106,6 @@ def _launch_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     return out, r_out
 
 
-def rms_norm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float, *, impl: str = "eager") -> torch.Tensor:
-    """The eager twin (same arguments and result as `rms_norm`): the model's own op."""
-    return model.rms_norm(x, weight, eps)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, impl: str = "triton") -> torch.Tensor:
-    """RMSNorm over the last dim with fp32 statistics.
-
-    Args:
-        x: [T, H] bf16/fp16/fp32, last dim contiguous.
-        weight: [H], x's dtype.
-        eps: added to the mean square.
-        impl: "triton" (on CPU only under TRITON_INTERPRET=1) or "eager".
-
-    Returns:
-        [T, H] in x's dtype, contiguous.
-    """
-    _check_impl(impl, "rms_norm")
-    if impl == "eager":
-        return rms_norm_eager(x, weight, eps)
-    _check_norm("rms_norm", x, None, weight)
-    return _launch_norm(x, None, weight, eps)[0]
-
-
 def add_rms_norm_eager(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
                        *, impl: str = "eager") -> tuple[torch.Tensor, torch.Tensor]:
     """The eager twin (same arguments and results as `add_rms_norm`): the decoder's residual add,
@@ -185,16 +161,6 @@ def _rope_heads(Src_ptr, Dst_ptr, Cos_ptr, Sin_ptr, d, mask, HALF: tl.constexpr)
 
 
 @triton.jit
-def _rope_kernel(X_ptr, Cos_ptr, Sin_ptr, Out_ptr, heads, stride_xt, stride_xh, stride_ct, stride_st,
-                 HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
-    h = tl.arange(0, BLOCK_H)[:, None]
-    d = tl.arange(0, BLOCK_D)[None, :]
-    _rope_heads(X_ptr + t * stride_xt + h * stride_xh, Out_ptr + (t * heads + h) * 2 * HALF,
-                Cos_ptr + t * stride_ct, Sin_ptr + t * stride_st, d, (h < heads) & (d < HALF), HALF)
-
-
-@triton.jit
 def _rope_write_kv_kernel(QKV_ptr, Pos_ptr, Rope_ptr, Slot_ptr, Q_ptr, K_ptr, V_ptr,
                           stride_qkv, stride_rope_pos, stride_rope_cs, stride_k_slot, stride_k_head,
                           stride_v_slot, stride_v_head,
@@ -218,37 +184,6 @@ def _rope_write_kv_kernel(QKV_ptr, Pos_ptr, Rope_ptr, Slot_ptr, Q_ptr, K_ptr, V_
     v_mask = (hk < HKV) & (dv < 2 * HALF)
     v = tl.load(row + (HQ + HKV + hk) * 2 * HALF + dv, mask=v_mask, other=0.0)
     tl.store(V_ptr + slot * stride_v_slot + hk * stride_v_head + dv, v, mask=v_mask)
-
-
-def apply_rope_eager(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, impl: str = "eager") -> torch.Tensor:
-    """The eager twin (same arguments and result as `apply_rope`): the model's own op."""
-    return model.apply_rope(x, cos, sin)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, impl: str = "triton") -> torch.Tensor:
-    """Rotate x by the half-split convention of HF Llama checkpoints.
-
-    Args:
-        x: [T, heads, D] bf16/fp16/fp32, last dim contiguous, D even.
-        cos, sin: [T, 1, D] fp32 (views of the rope table are fine: last dim contiguous).
-        impl: "triton" (on CPU only under TRITON_INTERPRET=1) or "eager".
-
-    Returns:
-        [T, heads, D] contiguous, in x's dtype.
-    """
-    _check_impl(impl, "apply_rope")
-    if impl == "eager":
-        return apply_rope_eager(x, cos, sin)
-    T, heads, D = x.shape
-    if x.stride(2) != 1 or cos.stride(-1) != 1 or sin.stride(-1) != 1 or D % 2:
-        raise ValueError(f"apply_rope: needs an even head dim and contiguous last dims; got x "
-                         f"{tuple(x.shape)} strides {x.stride()}, cos strides {cos.stride()}")
-    out = torch.empty((T, heads, D), dtype=x.dtype, device=x.device)
-    if T:
-        _rope_kernel[(T,)](x, cos, sin, out, heads, x.stride(0), x.stride(1), cos.stride(0), sin.stride(0),
-                           HALF=D // 2, BLOCK_H=triton.next_power_of_2(heads),
-                           BLOCK_D=triton.next_power_of_2(D // 2), num_warps=4)
-    return out
 
 
 def _check_rope_write_kv(qkv: torch.Tensor, positions: torch.Tensor, rope: torch.Tensor, k_cache: torch.Tensor,
@@ -376,7 +311,3 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, impl: str = "triton") -> t
 def _check_impl(impl: str, name: str) -> None:
     if impl not in IMPLS:
         raise ValueError(f"{name}: impl must be one of {IMPLS}, got {impl!r}")
-
-
-# One Triton kernel per op, forward only, for a `Decoder` that does not train (trunk_ops).
-INFERENCE_OPS = model.TrunkOps(rms_norm, apply_rope, silu_mul)

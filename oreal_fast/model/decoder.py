@@ -17,9 +17,9 @@ autocast, the parameter dtype otherwise): the rope tables are cast to it. The at
 picked at construction for the *compute* dtype (`compute_dtype`, default the parameter dtype).
 
 Elementwise ops (RMSNorm, rope, SwiGLU) come from `TrunkOps`: the eager, differentiable forms
-below by default (`EAGER_OPS`); a caller may pass fused kernels of the same math (the rollout
-engine's copy passes `oreal_fast.kernels.trunk_inference.INFERENCE_OPS`, the trained models on CUDA
-`oreal_fast.kernels.trunk_train.TRAIN_OPS`, which have a backward). This module imports no Triton;
+below by default (`EAGER_OPS`); a caller may pass fused kernels of the same math (the trained
+models on CUDA take `oreal_fast.kernels.trunk_train.TRAIN_OPS`, which have a backward; the rollout
+engine runs its own decoder, `rollout/engine/inference_model.py`). This module imports no Triton;
 the kernel files take the eager forms here as their oracle.
 
 Not here: HF name mapping and file I/O (`hf_io.py`), attention kernels (`attention.py`).

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from benchmarks.forward_timing import benchmark_forward
-from oreal_fast.kernels.trunk_inference import INFERENCE_OPS
+from oreal_fast.kernels.trunk_train import TRAIN_OPS
 from oreal_fast.model import Decoder, decoder_from_hf
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -50,15 +50,15 @@ def setup():
     return hf32.config, state, row, truth, theirs
 
 
-@pytest.mark.parametrize("backend,inference_kernels", [("varlen", False), ("sdpa", False), ("varlen", True)],
-                         ids=["varlen", "sdpa", "varlen-inference_kernels"])
-def test_bf16_packed_16k_matches_transformers_within_its_own_bf16_error(setup, backend, inference_kernels,
+@pytest.mark.parametrize("backend,trunk_kernels", [("varlen", False), ("sdpa", False), ("varlen", True)],
+                         ids=["varlen", "sdpa", "varlen-trunk_kernels"])
+def test_bf16_packed_16k_matches_transformers_within_its_own_bf16_error(setup, backend, trunk_kernels,
                                                                         record_property):
     config, state, row, truth, theirs = setup
     ours = decoder_from_hf(config, state, dtype=torch.bfloat16, device="cuda", attn_backend=backend).eval()
-    if inference_kernels:  # the rollout engine's copy: Triton RMSNorm, rope and SwiGLU
+    if trunk_kernels:  # the trained models' Triton RMSNorm, rope and SwiGLU (TRAIN_OPS)
         fused = Decoder(ours.config, attn_backend=backend, device="cuda", dtype=torch.bfloat16,
-                        trunk_ops=INFERENCE_OPS).eval()
+                        trunk_ops=TRAIN_OPS).eval()
         fused.load_state_dict(ours.state_dict())
         ours = fused
     with torch.no_grad():
