@@ -217,15 +217,19 @@ class Evaluator:
         self.device = device
 
     @classmethod
-    def from_config(cls, cfg: TrainConfig, *, tokenizer: Any, stop_token_id: int,
-                    device: torch.device) -> "Evaluator":
+    def from_config(cls, cfg: TrainConfig, *, tokenizer: Any, stop_token_id: int, device: torch.device,
+                    records: list[PromptRecord] | None = None) -> "Evaluator":
         """The evaluation a config asks for: ``val_datasets`` (first ``val_max_problems``), the
         run's chat template and sampling settings, ``val_samples_per_problem`` samples.
+
+        ``records``: those problems when the caller has read them already (the trainer reads them
+        before anything loads); None reads them here.
 
         Raises:
             DataError: unreadable or empty held-out data, or a prompt too long for gen_max_length.
         """
-        records = load_prompt_records(cfg.val_datasets, max_prompts=cfg.val_max_problems)
+        if records is None:
+            records = load_prompt_records(cfg.val_datasets, max_prompts=cfg.val_max_problems)
         if not records:
             raise DataError(f"val_datasets {cfg.val_datasets!r}: no problem to validate on")
         params = dataclasses.replace(sampling_params(cfg, stop_token_id), do_sample=True)

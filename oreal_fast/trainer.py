@@ -94,7 +94,7 @@ class Trainer:
         self.progress = Progress()  # what the current phase has done; the progress bar shows it
         self.runtime = build_runtime(cfg, dp)  # device, compute dtype, kernels' impl
         self.device = self.runtime.device
-        records = self._read_data()  # the data fails before anything loads
+        records, held_out = self._read_data()  # the data fails before anything loads
         self.checkpoints = CheckpointManager.open(cfg, dp)  # a resume is chosen and verified first
         set_random_seed(cfg.seed)
         self.tokenizer, stop_token_id = load_chat_tokenizer(cfg)
@@ -102,7 +102,8 @@ class Trainer:
         self.prompts = PromptSource(cfg, self.tokenizer, records)
         # held-out prompts are rendered (and fail) before any model loads
         self.evaluator = (Evaluator.from_config(cfg, tokenizer=self.tokenizer, stop_token_id=stop_token_id,
-                                                device=self.device) if cfg.val_datasets is not None else None)
+                                                device=self.device, records=held_out)
+                          if held_out is not None else None)
         self.total_steps = min(cfg.total_steps, self.prompts.sampler.num_steps)  # official cap (3.4)
         self.models, models_note = load_rl_models(cfg, self.runtime)  # trunk ops, recompute, FSDP
         self.optimizers = build_optimizers(cfg, self.models, self.total_steps, self.device)
@@ -127,18 +128,17 @@ class Trainer:
         self._last_summary = "starting"
         self._done = self.start_step  # steps finished
 
-    def _read_data(self) -> list[PromptRecord]:
-        """The training prompts, and a first read of the held-out problems that checks them (the
-        evaluator reads them again, with the tokenizer): a bad file stops the run before the
-        tokenizer or any model loads."""
+    def _read_data(self) -> tuple[list[PromptRecord], list[PromptRecord] | None]:
+        """The training prompts and the held-out problems (None without val_datasets), read before
+        the tokenizer or any model loads, so a bad file stops the run first."""
         cfg = self.cfg
         log.info(f"reading the prompts: datasets = {cfg.datasets!r}")
-        records = load_training_records(cfg)
+        records, held_out = load_training_records(cfg), None
         if cfg.val_datasets is not None:
             log.info(f"reading the held-out problems: val_datasets = {cfg.val_datasets!r}")
             held_out = load_prompt_records(cfg.val_datasets, max_prompts=cfg.val_max_problems)
             log.info(f"held-out problems: {len(held_out)}")
-        return records
+        return records, held_out
 
     def _open_outputs(self, notes: list[str]) -> None:
         """The run folder (a fresh one only now that everything has loaded) with the resolved config,
