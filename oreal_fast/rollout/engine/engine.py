@@ -40,6 +40,17 @@ the pool preempts, for a given pool size (a resized pool admits rows in other ro
 pick the same tokens for every D (on the GPU, up to bf16 near-ties: rows leave and join the batch
 at round ends, so a step may run at another batch bucket).
 
+Out of GPU memory: the engine recovers where it can. A prefill chunk whose forward runs out is run
+again in two halves (the packed prompts do not attend to each other, so each half computes what the
+whole did, up to the GEMMs' kernel choice for another row count), down to one prompt, and later chunks take at most
+half its tokens (`max_prefill_tokens` for the rest of the engine's life). A pool (or its graphs)
+that cannot be allocated, at the start of a call or at a resize, is retried at half the size, down
+to the smallest pool the engine takes; the smaller pool preempts more (greedy responses are the
+same; sampled ones draw their uniforms in other rounds, as at any pool size). Each recovery logs one
+warning and is counted in the next call's `stats` (`prefill_oom_splits`, `pool_oom_shrinks`). Anything else (a
+decode round, which runs in the graphs' memory, or the last split or shrink failing) raises
+`torch.OutOfMemoryError` to the caller (the trainer turns it into one line, `oreal_fast.oom`).
+
 Not here: block bookkeeping (`block_manager`), admission and preemption (`scheduler`), tensors
 and graphs (`model_runner`).
 Invariant: responses come back in prompt order, each ending with its stop token when it stopped
@@ -49,6 +60,7 @@ on one; after `generate` every KV block is free.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -64,6 +76,8 @@ from oreal_fast.rollout.engine.model_runner import ModelRunner, sample_tokens
 from oreal_fast.rollout.engine.pool_sizing import PoolSizer
 from oreal_fast.rollout.engine.scheduler import PrefillItem, Scheduler
 from oreal_fast.rollout.engine.sequence import group_prompts
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -130,7 +144,8 @@ class PagedEngine:
                                   cuda_graph=config.cuda_graph, steps_per_round=config.decode_steps_per_round)
         self._track_blocks(capacity)
         self.device = self.runner.device
-        self.runner.allocate()
+        self.oom_counts = {"prefill_oom_splits": 0, "pool_oom_shrinks": 0}  # since the last call's stats
+        self._allocate()
         self._stats: dict[str, float] = {}
         self.progress = progress or Progress()
         self._logprobs: list[torch.Tensor] = []
@@ -199,14 +214,36 @@ class PagedEngine:
         graphs recaptured (if the old one was allocated; else at the next call)."""
         if self.blocks.num_used:
             raise RuntimeError(f"resize_pool: {self.blocks.num_used} KV blocks are in use; resize between calls")
-        capacity = self._pool_blocks(kv_cache_bytes)
         allocated = self.runner.allocated
+        self._set_pool(kv_cache_bytes)
+        if allocated:
+            self._allocate()
+
+    def _set_pool(self, kv_cache_bytes: int) -> None:
+        """Free the pool and the graphs, and track a pool of `kv_cache_bytes` (allocated by `_allocate`)."""
+        capacity = self._pool_blocks(kv_cache_bytes)
         self.runner.free()
         self.runner.set_pool_blocks(capacity + 1)
         self.config = dataclasses.replace(self.config, kv_cache_bytes=kv_cache_bytes)
         self._track_blocks(capacity)
-        if allocated:
-            self.runner.allocate()
+
+    def _allocate(self) -> None:
+        """Allocate the pool (and capture the graphs); out of memory, retry at half the pool, down to the
+        smallest one (module docstring). Every block is free when this runs."""
+        while True:
+            try:
+                self.runner.allocate()
+                return
+            except torch.OutOfMemoryError:
+                smallest, _ = self.pool_bytes_range()
+                if self.pool_bytes <= smallest:
+                    self.runner.free()
+                    raise
+                target = max(smallest, self.pool_bytes // 2)
+                log.warning("out of GPU memory allocating the KV pool of %.3g GiB (and its CUDA graphs); "
+                            "retrying with %.3g GiB", self.pool_bytes / 2**30, target / 2**30)
+                self.oom_counts["pool_oom_shrinks"] += 1
+                self._set_pool(target)
 
     def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Refresh the weight copy in place (see `RolloutEngine.sync_weights`)."""
@@ -238,7 +275,7 @@ class PagedEngine:
             limits = [min(a, b) for a, b in zip(limits, max_new_per_prompt)]
         t0 = time.perf_counter()
         if not self.runner.allocated:
-            self.runner.allocate()
+            self._allocate()
         groups = group_prompts(prompts, limits)
         seqs = sorted((s for g in groups for s in g.members), key=lambda s: s.out_row)
         rounds = RoundCounts()
@@ -272,7 +309,7 @@ class PagedEngine:
         specs = [(it.seqs[0].prompt, it.seqs[0].out_row, 0 if it.fresh else it.seqs[0].num_new - 1, it.table)
                  for it in chunk]
         fresh = [i for i, it in enumerate(chunk) if it.fresh]
-        logits = runner.prefill(specs, fresh)
+        logits = self._prefill_logits(specs, fresh, sum(it.num_tokens for it in chunk))
         first = first_lp = None
         if fresh:  # k independent draws from each prompt's one distribution
             counts = torch.tensor([len(chunk[i].seqs) for i in fresh], device=self.device)
@@ -298,6 +335,27 @@ class PagedEngine:
         for row, offset, m in segments:
             done[row : row + m] = runner.record(row, first[offset : offset + m], first_lp[offset : offset + m])
         self._finish(done, first_tokens=0 if first is None else len(first))
+
+    def _prefill_logits(self, specs: list, fresh: list[int], num_tokens: int) -> torch.Tensor:
+        """`runner.prefill(specs, fresh)`; out of memory, the same in two halves (module docstring)."""
+        try:
+            return self.runner.prefill(specs, fresh)
+        except torch.OutOfMemoryError:
+            if len(specs) == 1:
+                raise
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # the failed forward's blocks, cached by the allocator
+        cap = max(1, min(self.config.max_prefill_tokens, num_tokens // 2))
+        self.config = dataclasses.replace(self.config, max_prefill_tokens=cap)
+        self.scheduler.max_prefill_tokens = cap
+        self.oom_counts["prefill_oom_splits"] += 1
+        log.warning("out of GPU memory in a prefill of %d prompts (%d tokens): running it in two halves; "
+                    "later prefills take at most %d tokens", len(specs), num_tokens, cap)
+        half = len(specs) // 2
+        lengths = [len(prompt) + num_gen for prompt, _, num_gen, _ in specs]
+        first = self._prefill_logits(specs[:half], [i for i in fresh if i < half], sum(lengths[:half]))
+        second = self._prefill_logits(specs[half:], [i - half for i in fresh if i >= half], sum(lengths[half:]))
+        return torch.cat((first, second))
 
     def _decode_round(self, params: SamplingParams, generator: torch.Generator, counts: RoundCounts) -> None:
         """One round of decode steps of every running sequence, one host sync at its end."""
@@ -343,4 +401,6 @@ class PagedEngine:
             "kv_blocks_saved": s.kv_blocks_saved,
             "preemptions": s.preemptions,
             "recomputed_tokens": s.recomputed_tokens,
+            **self.oom_counts,
         }
+        self.oom_counts = dict.fromkeys(self.oom_counts, 0)
