@@ -72,7 +72,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from oreal_fast.kernels.common import check_eager_impl, check_impl, multiprocessor_count
+from oreal_fast.kernels.common import TRITON_DTYPES, check_eager_impl, check_impl, multiprocessor_count
 from oreal_fast.kernels.trunk_inference import add_rms_norm_eager, silu_mul_eager
 
 # K columns per partial sum of `linear_partials` (a power of two): the down projection (K 4864)
@@ -252,10 +252,15 @@ def _check_linear(name: str, K: int, weight: torch.Tensor, bias: torch.Tensor | 
     return rows // 2 if swiglu else rows
 
 
-def _check_devices(name: str, *tensors: torch.Tensor | None) -> None:
+def _check_device_and_dtype(name: str, dtype: torch.dtype, *tensors: torch.Tensor | None) -> None:
+    """One device for all; an activation dtype the kernels take there (the interpreter rounds to
+    bf16/fp16 by truncation, so on CPU fp32 only)."""
     devices = {t.device for t in tensors if t is not None}
     if len(devices) > 1:
         raise ValueError(f"{name}: all inputs must be on one device; got {sorted(str(d) for d in devices)}")
+    if dtype not in TRITON_DTYPES or (devices.pop().type == "cpu" and dtype != torch.float32):
+        raise ValueError(f"{name}(impl='triton') takes bf16, fp16 or fp32 on CUDA and fp32 on CPU "
+                         f"(TRITON_INTERPRET=1); got {dtype}")
 
 
 def _sublayer_args(x: torch.Tensor) -> tuple[int, int, int, bool]:
@@ -314,7 +319,7 @@ def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: tor
         return norm_linear_eager(x, residual, norm_weight, eps, weight, bias, swiglu=swiglu)
     T, H = _check_sublayer("norm_linear", x, residual, norm_weight)
     N = _check_linear("norm_linear", H, weight, bias, norm_weight.dtype, swiglu)
-    _check_devices("norm_linear", x, residual, norm_weight, weight, bias)
+    _check_device_and_dtype("norm_linear", norm_weight.dtype, x, residual, norm_weight, weight, bias)
     return _launch_norm_linear(x, residual, norm_weight, eps, weight, bias, swiglu, T, H, N)
 
 
@@ -352,7 +357,7 @@ def add_rms_norm_partials(x: torch.Tensor, residual: torch.Tensor | None, weight
     if impl == "eager":
         return add_rms_norm_partials_eager(x, residual, weight, eps)
     T, H = _check_sublayer("add_rms_norm_partials", x, residual, weight)
-    _check_devices("add_rms_norm_partials", x, residual, weight)
+    _check_device_and_dtype("add_rms_norm_partials", weight.dtype, x, residual, weight)
     num_splits, stride_xs, stride_xt, partials = _sublayer_args(x)
     out = torch.empty((T, H), dtype=weight.dtype, device=weight.device)
     write_residual = partials or residual is not None
@@ -394,6 +399,7 @@ def linear_partials(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     if impl == "eager":
         return linear_partials_eager(x, weight, bias, split=split)
     T, K, N = _check_partials_args(x, weight, bias, split)
+    _check_device_and_dtype("linear_partials", x.dtype, x, weight, bias)
     num_splits = triton.cdiv(K, split)
     out = torch.empty((num_splits, T, N), dtype=torch.float32, device=x.device)
     if T and N:
@@ -425,6 +431,4 @@ def _check_partials_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     if x.dim() != 2 or x.stride(1) != 1 or x.shape[1] < 1:
         raise ValueError(f"linear_partials: x must be [T, K >= 1] with a contiguous last dim; got {tuple(x.shape)} "
                          f"strides {x.stride()}")
-    N = _check_linear("linear_partials", x.shape[1], weight, bias, x.dtype)
-    _check_devices("linear_partials", x, weight, bias)
-    return x.shape[0], x.shape[1], N
+    return x.shape[0], x.shape[1], _check_linear("linear_partials", x.shape[1], weight, bias, x.dtype)
