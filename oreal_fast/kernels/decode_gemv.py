@@ -72,28 +72,34 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from oreal_fast.kernels.common import TRITON_DTYPES, check_eager_impl, check_impl, multiprocessor_count
+from oreal_fast.kernels.common import TRITON_DTYPES, check_eager_impl, check_impl, multiprocessor_count, tiles_for
 from oreal_fast.kernels.trunk_inference import add_rms_norm_eager, silu_mul_eager
 
 # K columns per partial sum of `linear_partials` (a power of two): the down projection (K 4864)
 # gets 3 splits, the o projection (K 896) 1; one split is one program's tile width.
 SPLIT_K = 2048
-# Elements of one program's weight tile (rows x tile width): its unrolled row loads stay in registers.
-_TILE_ELEMS = 16384
-# Elements of a program's token tile (tokens x tile width), fp32 in registers across the row loop.
-_TOKEN_TILE_ELEMS = 4096
-# Rows per program under the interpreter: small, so tests run several programs and a ragged last one.
+# Elements of one program's weight tile (rows x tile width, both halves with SwiGLU), held in
+# registers for the whole program: 64 fp32 a thread at 4 warps, so several programs fit an SM.
+_TILE_ELEMS = 8192
+# Elements of the tokens x rows x width product of one token tile, fp32 in registers.
+_PRODUCT_ELEMS = 16384
+# Rows and product elements per program under the interpreter: small, so tests run several
+# programs, a ragged last one, and several token tiles.
 _ROWS_INTERPRET = 4
+_PRODUCT_ELEMS_INTERPRET = 1024
 _MAX_NORM_WIDTH = 16384
 
 
 # ---------------------------------------------------------------------------------- kernels
+# Index tensors are 3-D, [tokens, rows, width]: t [BLOCK_T, 1, 1], n [1, BLOCK_N, 1],
+# h or k [1, 1, width], so the weight tile [1, BLOCK_N, width], the token tile [BLOCK_T, 1, width]
+# and their product share one layout and each token tile takes one reduction over the width.
 
 @triton.jit
 def _residual_tile(X_ptr, R_ptr, t, h, mask, stride_xs, stride_xt, stride_r, dtype: tl.constexpr,
                    NUM_SPLITS: tl.constexpr, PARTIALS: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
-    """The residual stream after the add, [BLOCK_T, BLOCK_H] fp32 holding dtype values: rows t,
-    columns h of residual + sublayer_out(x)."""
+    """The residual stream after the add at rows t, columns h (fp32 holding dtype values):
+    residual + sublayer_out(x)."""
     x = tl.load(X_ptr + t * stride_xt + h, mask=mask, other=0.0).to(tl.float32)
     if PARTIALS:
         # a fixed order: the same sum at every replay; the loads are unrolled, so issued together
@@ -107,11 +113,11 @@ def _residual_tile(X_ptr, R_ptr, t, h, mask, stride_xs, stride_xt, stride_r, dty
 
 
 @triton.jit
-def _rms_norm_tile(x, NormW_ptr, h, hmask, H, eps, dtype: tl.constexpr):
-    """rms_norm of each row of x [BLOCK_T, BLOCK_H] (fp32 holding dtype values), as dtype values in fp32."""
+def _rms_norm_tile(x, NormW_ptr, h, hmask, H, eps, dtype: tl.constexpr, AXIS: tl.constexpr):
+    """rms_norm along AXIS (x's last) of x (fp32 holding dtype values), as dtype values in fp32."""
     w = tl.load(NormW_ptr + h, mask=hmask, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, 1) / H + eps)  # [BLOCK_T]
-    normed = (x * rstd[:, None]).to(dtype).to(tl.float32)  # rounded before the weight, as eager rounds it
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, AXIS, keep_dims=True) / H + eps)
+    normed = (x * rstd).to(dtype).to(tl.float32)  # rounded before the weight, as eager rounds it
     return (w * normed).to(dtype).to(tl.float32)
 
 
@@ -122,40 +128,45 @@ def _norm_linear_kernel(X_ptr, R_ptr, NormW_ptr, W_ptr, B_ptr, Y_ptr, ROut_ptr,
                         WRITE_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr,
                         BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr):
     """Program p: output columns p BLOCK_N .. + BLOCK_N (with SWIGLU, those gate rows and the up
-    rows N further) for every token, in token tiles of BLOCK_T; each tile's prologue remakes the
-    normed rows from x and the residual (H is small), so no program waits for another."""
+    rows N further) for every token. Its weight rows are read once, before the token loop; each
+    token tile's prologue remakes the normed rows from x and the residual (H is small), so no
+    program waits for another."""
     pid = tl.program_id(0)
     dtype = Y_ptr.dtype.element_ty
-    n0 = pid.to(tl.int64) * BLOCK_N
-    h = tl.arange(0, BLOCK_H)[None, :]
+    n_2d = pid.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # [1, BLOCK_N]
+    n = n_2d[:, :, None]
+    h = tl.arange(0, BLOCK_H)[None, None, :]
     hmask = h < H
+    w_mask = (n < N) & hmask
+    w = tl.load(W_ptr + n * stride_w + h, mask=w_mask, other=0.0).to(tl.float32)  # [1, BLOCK_N, BLOCK_H]
+    if SWIGLU:
+        w_up = tl.load(W_ptr + (N + n) * stride_w + h, mask=w_mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        b = tl.load(B_ptr + n_2d, mask=n_2d < N, other=0.0).to(tl.float32)  # [1, BLOCK_N]
+        if SWIGLU:
+            b_up = tl.load(B_ptr + N + n_2d, mask=n_2d < N, other=0.0).to(tl.float32)
     for t0 in range(0, T, BLOCK_T):
-        tv = t0 + tl.arange(0, BLOCK_T)  # [BLOCK_T]
-        t = tv[:, None].to(tl.int64)
+        t_2d = t0 + tl.arange(0, BLOCK_T)[:, None]  # [BLOCK_T, 1]
+        t = t_2d[:, :, None].to(tl.int64)
         mask = (t < T) & hmask
         x = _residual_tile(X_ptr, R_ptr, t, h, mask, stride_xs, stride_xt, stride_r, dtype,
-                           NUM_SPLITS, PARTIALS, HAS_RESIDUAL)
+                           NUM_SPLITS, PARTIALS, HAS_RESIDUAL)  # [BLOCK_T, 1, BLOCK_H]
         if WRITE_RESIDUAL:
             if pid == 0:  # one writer; the others only read the old stream
                 tl.store(ROut_ptr + t * H + h, x.to(dtype), mask=mask)
-        xn = _rms_norm_tile(x, NormW_ptr, h, hmask, H, eps, dtype)
-        for i in tl.static_range(BLOCK_N):
-            n = n0 + i
-            nmask = n < N
-            w = tl.load(W_ptr + n * stride_w + h, mask=hmask & nmask, other=0.0).to(tl.float32)
-            y = tl.sum(xn * w, 1)  # [BLOCK_T] fp32
+        xn = _rms_norm_tile(x, NormW_ptr, h, hmask, H, eps, dtype, 2)
+        y = tl.sum(xn * w, 2)  # [BLOCK_T, BLOCK_N] fp32
+        if HAS_BIAS:
+            y += b
+        if SWIGLU:
+            u = tl.sum(xn * w_up, 2)
             if HAS_BIAS:
-                y += tl.load(B_ptr + n, mask=nmask, other=0.0).to(tl.float32)
-            if SWIGLU:
-                wu = tl.load(W_ptr + (N + n) * stride_w + h, mask=hmask & nmask, other=0.0).to(tl.float32)
-                u = tl.sum(xn * wu, 1)
-                if HAS_BIAS:
-                    u += tl.load(B_ptr + N + n, mask=nmask, other=0.0).to(tl.float32)
-                # gate and up rounded as the GEMM's output, silu rounded as its own op's output
-                g = y.to(dtype).to(tl.float32)
-                silu = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
-                y = silu * u.to(dtype).to(tl.float32)
-            tl.store(Y_ptr + tv * stride_y + n, y.to(dtype), mask=(tv < T) & nmask)
+                u += b_up
+            # gate and up rounded as the GEMM's output, silu rounded as its own op's output
+            g = y.to(dtype).to(tl.float32)
+            silu = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
+            y = silu * u.to(dtype).to(tl.float32)
+        tl.store(Y_ptr + t_2d * stride_y + n_2d, y.to(dtype), mask=(t_2d < T) & (n_2d < N))
 
 
 @triton.jit
@@ -165,13 +176,13 @@ def _add_rms_norm_partials_kernel(X_ptr, R_ptr, NormW_ptr, Out_ptr, ROut_ptr, H,
                                   BLOCK_H: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     dtype = Out_ptr.dtype.element_ty
-    h = tl.arange(0, BLOCK_H)[None, :]
+    h = tl.arange(0, BLOCK_H)
     hmask = h < H
     x = _residual_tile(X_ptr, R_ptr, t, h, hmask, stride_xs, stride_xt, stride_r, dtype,
                        NUM_SPLITS, PARTIALS, HAS_RESIDUAL)
     if WRITE_RESIDUAL:
         tl.store(ROut_ptr + t * H + h, x.to(dtype), mask=hmask)
-    tl.store(Out_ptr + t * H + h, _rms_norm_tile(x, NormW_ptr, h, hmask, H, eps, dtype).to(dtype), mask=hmask)
+    tl.store(Out_ptr + t * H + h, _rms_norm_tile(x, NormW_ptr, h, hmask, H, eps, dtype, 0).to(dtype), mask=hmask)
 
 
 @triton.jit
@@ -179,31 +190,32 @@ def _linear_partials_kernel(X_ptr, W_ptr, B_ptr, P_ptr, T, K, N, stride_x, strid
                             HAS_BIAS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
                             BLOCK_K: tl.constexpr):
     """Program (p, s): rows p BLOCK_N .. + BLOCK_N of W over the K split s (one tile of BLOCK_K),
-    for every token, into P[s]."""
-    n0 = tl.program_id(0).to(tl.int64) * BLOCK_N
+    read once, for every token, into P[s]."""
     split = tl.program_id(1)
-    k = (split * BLOCK_K + tl.arange(0, BLOCK_K))[None, :]
+    n_2d = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # [1, BLOCK_N]
+    n = n_2d[:, :, None]
+    k = (split * BLOCK_K + tl.arange(0, BLOCK_K))[None, None, :]
     kmask = k < K
+    w = tl.load(W_ptr + n * stride_w + k, mask=(n < N) & kmask, other=0.0).to(tl.float32)  # [1, BLOCK_N, BLOCK_K]
+    if HAS_BIAS:
+        # in the first partial only: the consumer's sum adds it before its one rounding, as addmm does
+        b = tl.load(B_ptr + n_2d, mask=(n_2d < N) & (split == 0), other=0.0).to(tl.float32)
     for t0 in range(0, T, BLOCK_T):
-        tv = t0 + tl.arange(0, BLOCK_T)
-        t = tv[:, None].to(tl.int64)
+        t_2d = t0 + tl.arange(0, BLOCK_T)[:, None]  # [BLOCK_T, 1]
+        t = t_2d[:, :, None].to(tl.int64)
         x = tl.load(X_ptr + t * stride_x + k, mask=(t < T) & kmask, other=0.0).to(tl.float32)
-        for i in tl.static_range(BLOCK_N):
-            n = n0 + i
-            nmask = n < N
-            w = tl.load(W_ptr + n * stride_w + k, mask=kmask & nmask, other=0.0).to(tl.float32)
-            y = tl.sum(x * w, 1)  # [BLOCK_T] fp32
-            if HAS_BIAS:
-                # in the first partial only: the consumer's sum adds it before its one rounding, as addmm does
-                y += tl.load(B_ptr + n, mask=nmask & (split == 0), other=0.0).to(tl.float32)
-            tl.store(P_ptr + split * stride_ps + tv * stride_pt + n, y, mask=(tv < T) & nmask)
+        y = tl.sum(x * w, 2)  # [BLOCK_T, BLOCK_N] fp32
+        if HAS_BIAS:
+            y += b
+        tl.store(P_ptr + split * stride_ps + t_2d * stride_pt + n_2d, y, mask=(t_2d < T) & (n_2d < N))
 
 
 # ---------------------------------------------------------------------------------- launchers
 
 def _rows_per_program(num_rows: int, num_splits: int, width: int, device: torch.device) -> int:
-    """Weight rows a program owns: on CUDA the most (up to 8, the tile within _TILE_ELEMS) that
-    still give every multiprocessor a program; under the interpreter a few."""
+    """Weight rows a program owns (width: its tile's columns, both halves with SwiGLU): on CUDA
+    the most (up to 8, the tile within _TILE_ELEMS) that still give every multiprocessor a
+    program; under the interpreter a few."""
     if device.type != "cuda":
         return _ROWS_INTERPRET
     num_sms = multiprocessor_count(device)
@@ -213,8 +225,10 @@ def _rows_per_program(num_rows: int, num_splits: int, width: int, device: torch.
     return 1
 
 
-def _token_tile(T: int, width: int) -> int:
-    return max(1, min(triton.next_power_of_2(T), _TOKEN_TILE_ELEMS // width))
+def _token_tile(T: int, tile_elems: int, device: torch.device) -> int:
+    """Tokens per tile: their product with the weight tile within _PRODUCT_ELEMS."""
+    budget = tiles_for(device, _PRODUCT_ELEMS, _PRODUCT_ELEMS_INTERPRET)
+    return max(1, min(triton.next_power_of_2(T), budget // tile_elems))
 
 
 def _check_sublayer(name: str, x: torch.Tensor, residual: torch.Tensor | None,
@@ -280,14 +294,15 @@ def _launch_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_wei
     r_out = torch.empty((T, H), dtype=dtype, device=device) if write_residual else x
     if T and N:
         BLOCK_H = triton.next_power_of_2(H)
-        rows = _rows_per_program(N, 1, BLOCK_H * (2 if swiglu else 1), device)
+        width = BLOCK_H * (2 if swiglu else 1)
+        rows = _rows_per_program(N, 1, width, device)
         r = x if residual is None else residual  # a placeholder pointer without a residual
         _norm_linear_kernel[(triton.cdiv(N, rows),)](
             x, r, norm_weight, weight, weight if bias is None else bias, y, r_out,
             T, H, N, stride_xs, stride_xt, r.stride(0), weight.stride(0), y.stride(0), eps,
             NUM_SPLITS=num_splits, PARTIALS=partials, HAS_RESIDUAL=residual is not None,
             WRITE_RESIDUAL=write_residual, HAS_BIAS=bias is not None, SWIGLU=swiglu,
-            BLOCK_T=_token_tile(T, BLOCK_H), BLOCK_N=rows, BLOCK_H=BLOCK_H, num_warps=4)
+            BLOCK_T=_token_tile(T, rows * width, device), BLOCK_N=rows, BLOCK_H=BLOCK_H, num_warps=4)
     return y, r_out
 
 
@@ -407,7 +422,7 @@ def linear_partials(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
         rows = _rows_per_program(N, num_splits, block_k, x.device)
         _linear_partials_kernel[(triton.cdiv(N, rows), num_splits)](
             x, weight, weight if bias is None else bias, out, T, K, N, x.stride(0), weight.stride(0),
-            out.stride(0), out.stride(1), HAS_BIAS=bias is not None, BLOCK_T=_token_tile(T, block_k),
+            out.stride(0), out.stride(1), HAS_BIAS=bias is not None, BLOCK_T=_token_tile(T, rows * block_k, x.device),
             BLOCK_N=rows, BLOCK_K=block_k, num_warps=4)
     return out
 
