@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from rl_shapes import QWEN25_05B as C
+from test_bench_paged_attention import copy_gb_per_s, graph_of  # noqa: F401 (copy_gb_per_s: a fixture)
 
 from oreal_fast.kernels.decode_gemv import add_rms_norm_partials, linear_partials
 from oreal_fast.kernels.trunk_inference import add_rms_norm
@@ -37,22 +38,6 @@ from oreal_fast.rollout.engine.inference_model import InferenceModel
 TOKENS = (1, 4, 16)
 REPS = 4
 DOWN_SPLITS = (512, 1024, 2048, 8192)  # 8192 >= K: one split, no partial sum to add
-
-
-@pytest.fixture(scope="module")
-def copy_gb_per_s() -> float:
-    """Device-to-device copy rate of 1 GiB, read + write bytes, median of 10 after 2 warm-ups."""
-    src = torch.empty(2**29, dtype=torch.bfloat16, device="cuda")
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(12):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return 2 * src.numel() * 2 / sorted(times[2:])[5] / 1e9
 
 
 @pytest.fixture(scope="module")
@@ -81,17 +66,6 @@ class QueryColumns:
 def layer_weight_bytes(model: InferenceModel) -> int:
     """Bytes of one layer's weights (matrices, biases, norms): what a layer reads at least."""
     return sum(p.numel() * p.element_size() for p in model.layers[0].parameters())
-
-
-def graph_of(fn, reps: int) -> torch.cuda.CUDAGraph:
-    """A CUDA graph of `reps` calls of fn, after one eager call (Triton compiles outside the capture)."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    return graph
 
 
 def kernels_of(fn) -> int:

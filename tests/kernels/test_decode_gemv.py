@@ -10,8 +10,8 @@ Tolerances. Kernel and twin round at the same points and differ only in the orde
 most 8 fp32 eps of the sum of its terms' sizes (sum_k |h_k W_nk| + |b_n|; measured well below
 1 eps). In bf16 an fp32 difference that straddles a rounding boundary moves an output (or a
 normed input h_k) by one bf16 ulp: the bound adds one bf16 eps of the output and of the terms, and
-at most 2 % of the outputs may differ at all (a rounding point moved or missed changes far more:
-about half of them). SwiGLU carries the gate's and the up's bounds through silu(g) u (|silu'| <
+at most 2 % of the outputs (and 2 more) may differ at all (a rounding point moved or missed
+changes far more: about half of them). SwiGLU carries the gate's and the up's bounds through silu(g) u (|silu'| <
 1.1). A wrong row, bias, norm weight, partial or residual errs by order |y|.
 """
 
@@ -41,6 +41,13 @@ def _low_eps(dtype):
     return 0.0 if dtype == torch.float32 else torch.finfo(dtype).eps
 
 
+@pytest.fixture(autouse=True)
+def fp32_gemm_sums(monkeypatch):
+    """The twins' GEMMs sum in fp32 throughout, as the kernels do (cuBLAS may otherwise add bf16
+    split-K partials in bf16)."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_bf16_reduced_precision_reduction", False)
+
+
 def _assert_within(got, ref, bound):
     assert got.shape == ref.shape and got.dtype == ref.dtype
     err = (got.double() - ref.double()).abs()
@@ -48,7 +55,13 @@ def _assert_within(got, ref, bound):
     assert (err <= bound.double()).all(), (f"worst at flat index {worst}: got {got.flatten()[worst].item()}, "
                                            f"twin {ref.flatten()[worst].item()}, bound {bound.flatten()[worst].item()}")
     if got.dtype != torch.float32:
-        assert (got != ref).float().mean() <= 0.02, "more outputs differ from the twin than rounding flips explain"
+        _assert_few_differ(got, ref)
+
+
+def _assert_few_differ(got, ref):
+    """Rounding flips are rare (about 1e-4 of the outputs): 2 % and 2 more; a moved or missed
+    rounding point changes about half."""
+    assert int((got != ref).sum()) <= 0.02 * got.numel() + 2, "more outputs differ from the twin than flips explain"
 
 
 def _sublayer_input(kind, T, H, dtype, device, g):
@@ -296,4 +309,4 @@ def test_one_layer_at_the_real_shape_in_a_cuda_graph_matches_eager(T):
         # each value rounded where the twins round it: rare one-ulp flips that may grow by a few ulps downstream
         err = (got.float() - ref.float()).abs()
         assert (err <= 4 * torch.finfo(dt).eps * ref.float().abs().amax(-1, keepdim=True)).all(), name
-        assert (got != ref).float().mean() <= 0.02, name
+        _assert_few_differ(got, ref)
