@@ -5,7 +5,8 @@ split-K reductions cuBLAS adds to the down and o GEMMs at small T).
 
 At a few tokens a decoder layer is latency-bound, not byte-bound: at the Qwen2.5-0.5B shape its
 four weight matrices are a 9 us read on an H100, but each kernel costs a fixed slot of GPU time
-(its launch, its ramp and its tail, about 2-4 us), so the count of kernels sets the step time.
+(its launch, its ramp and its tail: benchmarks/RESULTS.md measured 4.5 us for the 2 MB q|k|v
+GEMM at batch 1), so the count of kernels sets the step time.
 Here the norm is the prologue of the GEMM that reads it, SwiGLU the epilogue of the gate|up
 GEMM, and the o and down GEMMs split their reduction dimension K and leave fp32 partial sums
 that the next kernel adds in its prologue: no reduction kernel, no atomics, deterministic.
@@ -46,23 +47,26 @@ matching gate and up rows, so silu(g) u is made once per element and only the ac
 (N / rows-per-program times over) and read gate and up, twice the bytes.
 
 Budget at the Qwen2.5-0.5B shape (H 896, I 4864, q|k|v 1152 rows), T tokens, an H100 (132 SMs),
-per layer: the weights once (29.7 MB; each program reads only its rows), plus from L2 the
-activations every program needs. Programs: q|k|v 144 of 8 rows (14 KB of W each) + T x 12.5 KB
-of prologue (3 down partials fp32, the residual); o 224 of 4 rows (7 KB) + T x 1.8 KB; gate|up
-608 of 8 gate and 8 up rows (28 KB) + T x 5.3 KB; down 3 splits of 2048 x 112 row blocks of 8
-(32 KB) + T x 4 KB. Workspace: the partials, [1, T, H] and [3, T, H] fp32 (T x 14 KB), written
-once and read by every program of the next kernel. FLOPs: 2 T per weight, fp32 on the CUDA cores
-(no tensor cores: at T <= 16 the weights' bytes bound the time, not the multiplies).
+per layer: the weights once (29.7 MB; a program reads its rows once, into registers: at most
+8192 elements, so several programs share an SM), plus from L2 the activations every program
+needs. q|k|v: 144 programs of 8 rows (14 KB of W each), prologue T x 12.3 KB (3 down partials
+fp32, the residual); o: 224 of 4 rows (7 KB), T x 1.8 KB; gate|up: 1216 of 4 gate and 4 up rows
+(14 KB), T x 5.3 KB; down: 3 splits of 2048 columns x 224 blocks of 4 rows (16 KB), T x 4 KB.
+Workspace: the partials, [1, T, H] and [3, T, H] fp32 (T x 14 KB), written once and read by
+every program of the next kernel. FLOPs: 2 T per weight, fp32 on the CUDA cores (no tensor
+cores: at small T the weights' bytes bound the time, not the multiplies).
 
 Accumulators: every sum is fp32 (dot products, partials, mean squares); inputs are widened to
 fp32 before they multiply. Exactly one program (the first) writes the residual stream; the
 others read the old one, which the new one never aliases.
 
 Limits: the activations are re-read by every program, programs x T x (prologue bytes) from L2:
-at T = 16 the q|k|v prologue reads about 30 MB, more than its weights; the path pays at small T
-only, so the caller picks the largest T that takes it (`InferenceModel(gemv_max_tokens=...)`).
+6.4 MB at T = 1 for gate|up, 100 MB at T = 16 (three times its weights), and the tokens run in
+tiles of 2 to 4 at this shape (`_PRODUCT_ELEMS`), one tile after another. So the path is for
+small T only, up to a threshold the caller sets from a measurement (`InferenceModel(
+gemv_max_tokens=...)`, benchmarks/test_bench_decode_gemv.py).
 H (the norm's width) must fit one tile (H <= 16384). Forward only, no autograd. On CPU the Triton
-path runs only under TRITON_INTERPRET=1 (fp32 and bf16 both: no `tl.dot` here).
+path runs only under TRITON_INTERPRET=1, in fp32 (the interpreter rounds to bf16 by truncation).
 """
 
 from __future__ import annotations
