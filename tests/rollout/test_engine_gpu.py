@@ -9,7 +9,8 @@ tie), and (b) everywhere be within TIE of the fp32 reference's best logit given 
 prefix. A real bug (wrong slot, block or position) picks tokens far below the best (gaps of order
 1 at this init), well above TIE. Graph and eager decode run the same kernels on the same shapes,
 so they must agree token for token, sampled runs, stops inside a decode round and preemption
-included.
+included. Both checks run twice: with the plain layers, and with every decode bucket on the
+few-token GEMV layers (`gemv_max_tokens`).
 
 Log-probs: the engine (bf16 weight copy, bf16 logits, its fused kernels, the KV cache) against the
 trainer's actor holding the same weights (fp32 masters under bf16 autocast, Triton trunk ops, the
@@ -19,14 +20,18 @@ LOGPROB_MEAN_BOUND = 2e-2. Log-probs of another distribution (tempered, filtered
 are off by order 0.1-1 at this init (logits of spread ~0.6).
 """
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+import oreal_fast.rollout.engine.engine as engine_module
 from benchmarks.logprob_gpu import rollout_logprob_diffs
 from oreal_fast.kernels.trunk_train import TRAIN_OPS
 from oreal_fast.model.decoder import Decoder, DecoderConfig
 from oreal_fast.rollout import EngineConfig, PagedEngine, PlainSampler, SamplingParams
+from oreal_fast.rollout.engine.model_runner import ModelRunner
 from oreal_fast.runtime import Precision
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -57,6 +62,14 @@ def prompts():
     return distinct[:3] + [distinct[3]] * 3 + [distinct[4]] * 2  # a batch of 8, two prompts shared
 
 
+@pytest.fixture(params=[0, 16], ids=["plain_layers", "gemv_layers"])
+def gemv_max_tokens(request, monkeypatch):
+    """The runner's few-token threshold: 16 puts every decode bucket of these 8 prompts on the
+    GEMV layers (`decode_gemv`), graphs included; the prefills stay on the plain layers."""
+    monkeypatch.setattr(engine_module, "ModelRunner", functools.partial(ModelRunner, gemv_max_tokens=request.param))
+    return request.param
+
+
 def make_engine(model, **kw):
     cfg = EngineConfig(max_model_len=MAX_LEN, kv_cache_bytes=2**30, max_num_seqs=32, **kw)
     return PagedEngine(model, cfg, dtype=torch.bfloat16)
@@ -83,10 +96,12 @@ def reference_gaps(m32, prompt, response):
 
 
 @pytest.mark.parametrize("steps_per_round", [1, 16])
-def test_greedy_bf16_equals_plain_sampler_until_a_near_tie(model, model32, prompts, record_property, steps_per_round):
+def test_greedy_bf16_equals_plain_sampler_until_a_near_tie(model, model32, prompts, record_property, steps_per_round,
+                                                            gemv_max_tokens):
     params = SamplingParams(max_new_tokens=NEW, max_length=MAX_LEN, do_sample=False)
     plain = PlainSampler(model, max_batch_size=8).generate(prompts, params, torch.Generator("cuda"))
     engine = make_engine(model, decode_steps_per_round=steps_per_round)
+    assert engine.runner.model.gemv_max_tokens == gemv_max_tokens
     got = engine.generate(prompts, params, torch.Generator("cuda"))
     exact = 0
     for prompt, ours, theirs in zip(prompts, got, plain):
@@ -116,7 +131,7 @@ def test_cuda_graph_decode_equals_eager_decode(model, prompts, block_size, do_sa
     assert graphs.stats()["decode_steps"] == NEW - 1  # the first token comes from the prefill
 
 
-def test_stops_inside_a_round_and_preemption_between_rounds_graph_equals_eager(model, prompts):
+def test_stops_inside_a_round_and_preemption_between_rounds_graph_equals_eager(model, prompts, gemv_max_tokens):
     """Sampled (top-p 0.9), rounds of 8 steps, a pool of 40 blocks of 16 (the batch needs about 60),
     so rows are preempted at round boundaries and recomputed. The stop token is a token of the
     same run without stop tokens, first seen late and not at a round's last step: the run with it

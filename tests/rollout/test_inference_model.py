@@ -39,8 +39,8 @@ def decoder(config: DecoderConfig) -> Decoder:
     return m.requires_grad_(False).eval()
 
 
-def inference_copy(m: Decoder, impl: str = "eager") -> InferenceModel:
-    copy = InferenceModel(m.config, device="cpu", dtype=torch.float32, impl=impl)
+def inference_copy(m: Decoder, impl: str = "eager", gemv_max_tokens: int = 0) -> InferenceModel:
+    copy = InferenceModel(m.config, device="cpu", dtype=torch.float32, impl=impl, gemv_max_tokens=gemv_max_tokens)
     copy.load_weights(full_weights(m))
     return copy
 
@@ -79,18 +79,21 @@ def test_load_weights_names_what_is_wrong():
 
 
 def _impls():
+    """(impl, gemv_max_tokens): the few-token GEMV layers (Triton only) for the decode steps of
+    2 tokens alone (2), or for the prefill of 14 tokens too (16)."""
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
-    return ["eager", pytest.param("triton", marks=pytest.mark.skipif(not interpret, reason="needs TRITON_INTERPRET=1"))]
+    needs = pytest.mark.skipif(not interpret, reason="needs TRITON_INTERPRET=1")
+    return [("eager", 0), *(pytest.param("triton", n, marks=needs, id=f"triton-gemv{n}") for n in (0, 2, 16))]
 
 
-@pytest.mark.parametrize("impl", _impls())
+@pytest.mark.parametrize("impl, gemv_max_tokens", _impls())
 @pytest.mark.parametrize("name", CONFIGS)
-def test_prefill_then_decode_gives_the_decoders_logits(name, impl):
+def test_prefill_then_decode_gives_the_decoders_logits(name, impl, gemv_max_tokens):
     """Two sequences (prompts of 5 and 9 tokens) prefilled in one packed forward, then 6 decode
     steps fed a fixed continuation, in a pool of blocks of 4 given out in scrambled order; each
     step's logits against the Decoder's plain causal forward over the whole sequences."""
     m = decoder(CONFIGS[name])
-    c, copy = m.config, inference_copy(m, impl)
+    c, copy = m.config, inference_copy(m, impl, gemv_max_tokens)
     g = torch.Generator().manual_seed(1)
     seqs = [torch.randint(0, c.vocab_size, (n,), generator=g) for n in (5 + 6, 9 + 6)]
     prompt_lens, steps, bs = [5, 9], 6, 4

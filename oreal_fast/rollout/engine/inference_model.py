@@ -18,11 +18,27 @@ and the model ends with `add_rms_norm(x, r, norm)` and the caller's head. The at
 (`PagedCache`, built by the model runner per forward) owns the KV pool, the slots and the
 attention kernel; this module never sees them.
 
+Few tokens (T <= `gemv_max_tokens`, Triton only): a forward that small is bound by its kernel
+count, not its bytes, so the layer runs as skinny GEMMs with the norms and SwiGLU fused in
+(`oreal_fast.kernels.decode_gemv`): 4 kernels besides attention's, where the layer above runs 7
+to 9 (cuBLAS adds split-K reductions at small T):
+
+    qkv, r = norm_linear(x, r, attn_norm, Wqkv, bqkv)     # x: the last down's fp32 partial sums
+    o      = cache.attend(layer, qkv, positions, rope)
+    x      = linear_partials(o, Wo)                       # [S, T, H] fp32, added by the next prologue
+    a, r   = norm_linear(x, r, mlp_norm, Wgate_up, swiglu=True)   # silu(g) * u in the epilogue
+    x      = linear_partials(a, Wdown)
+
+ending with `add_rms_norm_partials(x, r, norm)`. The default threshold 0 keeps every forward on
+the layer above until a GPU measurement (`benchmarks/test_bench_decode_gemv.py`) sets it; a
+decode CUDA graph's batch bucket fixes its T, so each graph takes one path.
+
 Not here: training (no autograd; the trained model is the Decoder), the KV pool and attention
 (`model_runner`), sampling. Kernels run as Triton on CUDA (`impl="triton"`) and as their eager
 twins elsewhere.
 Invariants: the same weights give the Decoder's numbers: every op rounds where the Decoder's op
-rounds (only the matmuls' shapes differ, one GEMM where the Decoder runs three or two). Weights
+rounds (only the matmuls' shapes and sum orders differ, one GEMM where the Decoder runs three or
+two, fp32 partial sums added before the one rounding on the few-token path). Weights
 are only ever written in place (captured CUDA graphs hold their addresses).
 """
 
@@ -34,6 +50,7 @@ from typing import Protocol
 import torch
 import torch.nn as nn
 
+from oreal_fast.kernels.decode_gemv import add_rms_norm_partials, linear_partials, norm_linear
 from oreal_fast.kernels.trunk_inference import add_rms_norm, silu_mul
 from oreal_fast.model.decoder import DecoderConfig, Head, rope_table
 
@@ -93,6 +110,18 @@ class Layer(nn.Module):
         h, residual = add_rms_norm(x, residual, self.mlp_norm, self.eps, impl=self.impl)
         return self.mlp(h), residual
 
+    def forward_gemv(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
+                     rope: torch.Tensor, cache: PagedCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` as few-token Triton GEMVs: x [T, H] or [S, T, H] fp32 partial sums of the
+        previous sublayer's output -> (this MLP's output as [S', T, H] fp32 partial sums, residual)."""
+        attn, mlp = self.attn, self.mlp
+        qkv, residual = norm_linear(x, residual, self.attn_norm, self.eps, attn.qkv.weight, attn.qkv.bias)
+        out = cache.attend(attn.layer, qkv, positions, rope)  # (T, Hq, D)
+        x = linear_partials(out.flatten(1), attn.o.weight, attn.o.bias)  # (S, T, H) fp32
+        act, residual = norm_linear(x, residual, self.mlp_norm, self.eps, mlp.gate_up.weight, mlp.gate_up.bias,
+                                    swiglu=True)  # (T, I)
+        return linear_partials(act, mlp.down.weight), residual
+
 
 class InferenceModel(nn.Module):
     """The decoder for generation: embed -> layers -> final norm -> head, over one packed batch.
@@ -101,12 +130,15 @@ class InferenceModel(nn.Module):
         config: the trained Decoder's config.
         device, dtype: where and in what dtype the weights (and so the activations) live.
         impl: "triton" (CUDA, or CPU under TRITON_INTERPRET=1) or "eager": the trunk ops' implementation.
+        gemv_max_tokens: with impl "triton", forwards of at most this many tokens run the few-token
+            GEMV layers (module docstring); 0 (the default) never does.
     """
 
-    def __init__(self, config: DecoderConfig, *, device: torch.device | str, dtype: torch.dtype, impl: str) -> None:
+    def __init__(self, config: DecoderConfig, *, device: torch.device | str, dtype: torch.dtype, impl: str,
+                 gemv_max_tokens: int = 0) -> None:
         super().__init__()
         factory = {"device": device, "dtype": dtype}
-        self.config, self.impl = config, impl
+        self.config, self.impl, self.gemv_max_tokens = config, impl, gemv_max_tokens
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size, **factory)
         self.layers = nn.ModuleList(Layer(config, i, impl, **factory) for i in range(config.num_layers))
         self.norm = nn.Parameter(torch.empty(config.hidden_size, **factory))
@@ -133,10 +165,15 @@ class InferenceModel(nn.Module):
             head: maps (hidden [T, H], lm_head_weight [V, H]) to the result.
         """
         x, residual = self.embed(input_ids), None  # (T, H)
-        rope = self.rope_table()
-        for layer in self.layers:
-            x, residual = layer(x, residual, positions, rope, cache)
-        hidden, _ = add_rms_norm(x, residual, self.norm, self.config.rms_norm_eps, impl=self.impl)
+        rope, eps = self.rope_table(), self.config.rms_norm_eps
+        if self.impl == "triton" and x.shape[0] <= self.gemv_max_tokens:
+            for layer in self.layers:
+                x, residual = layer.forward_gemv(x, residual, positions, rope, cache)
+            hidden, _ = add_rms_norm_partials(x, residual, self.norm, eps)
+        else:
+            for layer in self.layers:
+                x, residual = layer(x, residual, positions, rope, cache)
+            hidden, _ = add_rms_norm(x, residual, self.norm, eps, impl=self.impl)
         return head(hidden, self.lm_head_weight)
 
     def rope_table(self) -> torch.Tensor:

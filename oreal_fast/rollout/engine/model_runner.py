@@ -53,7 +53,9 @@ may add one to a GEMM, e.g. a split-K reduction):
   7. gate|up GEMM
   8. silu_mul on the two halves of the gate|up output
   9. down GEMM
-and once per step: the embedding, the slot and context-length arithmetic, the final add_rms_norm
+With `gemv_max_tokens` at or above a bucket, that bucket's layers run 1-2, 5-9 as four kernels
+(`InferenceModel`'s few-token path: 6 or 7 per layer).
+Once per step: the embedding, the slot and context-length arithmetic, the final add_rms_norm
 and the LM head; sampling (with the tokens' log-probs; greedy rows take one more pass over the
 logits), recording and the stop check after it.
 
@@ -146,10 +148,13 @@ class ModelRunner:
         max_model_len: longest sequence (prompt + response) a block table covers.
         cuda_graph: capture the decode step (CUDA only).
         steps_per_round: the most decode steps of one round.
+        gemv_max_tokens: forwards of at most this many tokens (decode buckets, small prefills) run
+            the weight copy's few-token GEMV layers on CUDA (`InferenceModel`); 0 never does.
     """
 
     def __init__(self, actor: Decoder, *, dtype: torch.dtype, num_blocks: int, block_size: int,
-                 max_num_seqs: int, max_model_len: int, cuda_graph: bool, steps_per_round: int) -> None:
+                 max_num_seqs: int, max_model_len: int, cuda_graph: bool, steps_per_round: int,
+                 gemv_max_tokens: int = 0) -> None:
         device = actor.embed.weight.device
         self.device, self.dtype, self.block_size = device, dtype, block_size
         self.num_blocks, self.max_num_seqs = num_blocks, max_num_seqs
@@ -165,7 +170,8 @@ class ModelRunner:
             raise ValueError(f"max_model_len {max_model_len} exceeds the {max_rope_positions(c)} positions "
                              f"of the model's rope table")
         # on CUDA the copy's elementwise ops are Triton kernels (forward only), elsewhere their eager twins
-        self.model = InferenceModel(c, device=device, dtype=dtype, impl=self.attn_impl).eval()
+        self.model = InferenceModel(c, device=device, dtype=dtype, impl=self.attn_impl,
+                                    gemv_max_tokens=gemv_max_tokens).eval()
         self.prefill_backend = make_backend(resolve_backend_name("auto", device, dtype))
         self.sync_weights(full_weights(actor))
         R, M = max_num_seqs, self.max_blocks_per_seq

@@ -1,0 +1,453 @@
+"""Skinny GEMMs of a decoder layer for forwards of few tokens (decode steps at a small live batch),
+with the residual add, the RMSNorm and SwiGLU fused into them: four projections in four kernels,
+where the plain path runs them in seven to nine (two add_rms_norm, silu_mul, four GEMMs, and the
+split-K reductions cuBLAS adds to the down and o GEMMs at small T).
+
+At a few tokens a decoder layer is latency-bound, not byte-bound: at the Qwen2.5-0.5B shape its
+four weight matrices are a 9 us read on an H100, but each kernel costs a fixed slot of GPU time
+(its launch, its ramp and its tail: benchmarks/RESULTS.md measured 4.5 us for the 2 MB q|k|v
+GEMM at batch 1), so the count of kernels sets the step time.
+Here the norm is the prologue of the GEMM that reads it, SwiGLU the epilogue of the gate|up
+GEMM, and the o and down GEMMs split their reduction dimension K and leave fp32 partial sums
+that the next kernel adds in its prologue: no reduction kernel, no atomics, deterministic.
+
+The math, as the eager twins compute it (`add_rms_norm`, `silu_mul`: `trunk_inference`):
+
+    sublayer_out(x)  = x.sum(0).to(dtype) if x is partials [S, T, H] fp32 else x    # [T, H]
+    norm_linear(x, r, norm_w, eps, W, b, swiglu):
+        h, r = add_rms_norm(sublayer_out(x), r, norm_w, eps)    # r + x rounded, the norm rounded
+        y = F.linear(h, W, b)                                   # fp32 accumulation, rounded once
+        if swiglu:                                              # W = [W_gate; W_up]: [2 N, H]
+            y = silu_mul(*y.chunk(2, dim=-1))
+        return y, r
+    linear_partials(x, W, b, split):                            # S = cdiv(K, split) partial sums
+        P[s] = x[:, s split:(s + 1) split].float() @ W[:, s split:(s + 1) split].float().T
+        P[0] += b
+        return P                                                # [S, T, N] fp32
+    add_rms_norm_partials(x, r, norm_w, eps) = add_rms_norm(sublayer_out(x), r, norm_w, eps)
+
+so a layer reads
+
+    qkv, r = norm_linear(P_down, r, attn_norm, eps, W_qkv, b_qkv)   # the previous layer's down partials
+    o      = cache.attend(layer, qkv, positions, rope)
+    P_o    = linear_partials(o, W_o, b_o)                          # one split at K = 896
+    act, r = norm_linear(P_o, r, mlp_norm, eps, W_gate_up, swiglu=True)
+    P_down = linear_partials(act, W_down)
+
+and the model ends with `add_rms_norm_partials(P_down, r, norm, eps)`. Every value is rounded to
+the activation dtype where the plain path (`add_rms_norm` + `nn.Linear` + `silu_mul`) rounds it:
+a projection's output once, from its fp32 sum (a partials sum is that sum, only in another
+order), the residual sum, the normalised row before the norm weight, and silu before the
+product. The kernels equal the twins up to the order of fp32 sums (the dot, the partials, the
+mean square) and the fp32 rounding of 1/sqrt and exp.
+
+Why SwiGLU sits in the gate|up epilogue, not in the down GEMM's prologue: a gate|up program owns
+matching gate and up rows, so silu(g) u is made once per element and only the activation
+[T, I] is written; a down prologue would remake it in every program that shares a K slice
+(N / rows-per-program times over) and read gate and up, twice the bytes.
+
+Budget at the Qwen2.5-0.5B shape (H 896, I 4864, q|k|v 1152 rows), T tokens, an H100 (132 SMs),
+per layer: the weights once (29.7 MB; a program reads its rows once, into registers: at most
+8192 elements, so several programs share an SM), plus from L2 the activations every program
+needs. q|k|v: 144 programs of 8 rows (14 KB of W each), prologue T x 12.3 KB (3 down partials
+fp32, the residual); o: 224 of 4 rows (7 KB), T x 1.8 KB; gate|up: 1216 of 4 gate and 4 up rows
+(14 KB), T x 5.3 KB; down: 3 splits of 2048 columns x 224 blocks of 4 rows (16 KB), T x 4 KB.
+Workspace: the partials, [1, T, H] and [3, T, H] fp32 (T x 14 KB), written once and read by
+every program of the next kernel. FLOPs: 2 T per weight, fp32 on the CUDA cores (no tensor
+cores: at small T the weights' bytes bound the time, not the multiplies).
+
+Accumulators: every sum is fp32 (dot products, partials, mean squares); inputs are widened to
+fp32 before they multiply. Exactly one program (the first) writes the residual stream; the
+others read the old one, which the new one never aliases.
+
+Limits: the activations are re-read by every program, programs x T x (prologue bytes) from L2:
+6.4 MB at T = 1 for gate|up, 100 MB at T = 16 (three times its weights), and the tokens run in
+tiles of 2 to 4 at this shape (`_PRODUCT_ELEMS`), one tile after another. So the path is for
+small T only, up to a threshold the caller sets from a measurement (`InferenceModel(
+gemv_max_tokens=...)`, benchmarks/test_bench_decode_gemv.py).
+H (the norm's width) must fit one tile (H <= 16384). Forward only, no autograd. On CPU the Triton
+path runs only under TRITON_INTERPRET=1, in fp32 (the interpreter rounds to bf16 by truncation).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from oreal_fast.kernels.common import TRITON_DTYPES, check_eager_impl, check_impl, multiprocessor_count, tiles_for
+from oreal_fast.kernels.trunk_inference import add_rms_norm_eager, silu_mul_eager
+
+# K columns per partial sum of `linear_partials` (a power of two): the down projection (K 4864)
+# gets 3 splits, the o projection (K 896) 1; one split is one program's tile width.
+SPLIT_K = 2048
+# Elements of one program's weight tile (rows x tile width, both halves with SwiGLU), held in
+# registers for the whole program: 64 fp32 a thread at 4 warps, so several programs fit an SM.
+_TILE_ELEMS = 8192
+# Elements of the tokens x rows x width product of one token tile, fp32 in registers.
+_PRODUCT_ELEMS = 16384
+# Rows and product elements per program under the interpreter: small, so tests run several
+# programs, a ragged last one, and several token tiles.
+_ROWS_INTERPRET = 4
+_PRODUCT_ELEMS_INTERPRET = 1024
+_MAX_NORM_WIDTH = 16384
+
+
+# ---------------------------------------------------------------------------------- kernels
+# Index tensors are 3-D, [tokens, rows, width]: t [BLOCK_T, 1, 1], n [1, BLOCK_N, 1],
+# h or k [1, 1, width], so the weight tile [1, BLOCK_N, width], the token tile [BLOCK_T, 1, width]
+# and their product share one layout and each token tile takes one reduction over the width.
+
+@triton.jit
+def _residual_tile(X_ptr, R_ptr, t, h, mask, stride_xs, stride_xt, stride_r, dtype: tl.constexpr,
+                   NUM_SPLITS: tl.constexpr, PARTIALS: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """The residual stream after the add at rows t, columns h (fp32 holding dtype values):
+    residual + sublayer_out(x)."""
+    x = tl.load(X_ptr + t * stride_xt + h, mask=mask, other=0.0).to(tl.float32)
+    if PARTIALS:
+        # a fixed order: the same sum at every replay; the loads are unrolled, so issued together
+        for s in tl.static_range(1, NUM_SPLITS):
+            x += tl.load(X_ptr + s * stride_xs + t * stride_xt + h, mask=mask, other=0.0)
+        x = x.to(dtype).to(tl.float32)  # the sublayer's output, rounded once as its GEMM rounds it
+    if HAS_RESIDUAL:
+        r = tl.load(R_ptr + t * stride_r + h, mask=mask, other=0.0).to(tl.float32)
+        x = (r + x).to(dtype).to(tl.float32)  # the residual stream lives in the activation dtype
+    return x
+
+
+@triton.jit
+def _rms_norm_tile(x, NormW_ptr, h, hmask, H, eps, dtype: tl.constexpr, AXIS: tl.constexpr):
+    """rms_norm along AXIS (x's last) of x (fp32 holding dtype values), as dtype values in fp32."""
+    w = tl.load(NormW_ptr + h, mask=hmask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, AXIS, keep_dims=True) / H + eps)
+    normed = (x * rstd).to(dtype).to(tl.float32)  # rounded before the weight, as eager rounds it
+    return (w * normed).to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _norm_linear_kernel(X_ptr, R_ptr, NormW_ptr, W_ptr, B_ptr, Y_ptr, ROut_ptr,
+                        T, H, N, stride_xs, stride_xt, stride_r, stride_w, stride_y, eps,
+                        NUM_SPLITS: tl.constexpr, PARTIALS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                        WRITE_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr,
+                        BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Program p: output columns p BLOCK_N .. + BLOCK_N (with SWIGLU, those gate rows and the up
+    rows N further) for every token. Its weight rows are read once, before the token loop; each
+    token tile's prologue remakes the normed rows from x and the residual (H is small), so no
+    program waits for another."""
+    pid = tl.program_id(0)
+    dtype = Y_ptr.dtype.element_ty
+    n_2d = pid.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # [1, BLOCK_N]
+    n = n_2d[:, :, None]
+    h = tl.arange(0, BLOCK_H)[None, None, :]
+    hmask = h < H
+    w_mask = (n < N) & hmask
+    w = tl.load(W_ptr + n * stride_w + h, mask=w_mask, other=0.0).to(tl.float32)  # [1, BLOCK_N, BLOCK_H]
+    if SWIGLU:
+        w_up = tl.load(W_ptr + (N + n) * stride_w + h, mask=w_mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        b = tl.load(B_ptr + n_2d, mask=n_2d < N, other=0.0).to(tl.float32)  # [1, BLOCK_N]
+        if SWIGLU:
+            b_up = tl.load(B_ptr + N + n_2d, mask=n_2d < N, other=0.0).to(tl.float32)
+    for t0 in range(0, T, BLOCK_T):
+        t_2d = t0 + tl.arange(0, BLOCK_T)[:, None]  # [BLOCK_T, 1]
+        t = t_2d[:, :, None].to(tl.int64)
+        mask = (t < T) & hmask
+        x = _residual_tile(X_ptr, R_ptr, t, h, mask, stride_xs, stride_xt, stride_r, dtype,
+                           NUM_SPLITS, PARTIALS, HAS_RESIDUAL)  # [BLOCK_T, 1, BLOCK_H]
+        if WRITE_RESIDUAL:
+            if pid == 0:  # one writer; the others only read the old stream
+                tl.store(ROut_ptr + t * H + h, x.to(dtype), mask=mask)
+        xn = _rms_norm_tile(x, NormW_ptr, h, hmask, H, eps, dtype, 2)
+        y = tl.sum(xn * w, 2)  # [BLOCK_T, BLOCK_N] fp32
+        if HAS_BIAS:
+            y += b
+        if SWIGLU:
+            u = tl.sum(xn * w_up, 2)
+            if HAS_BIAS:
+                u += b_up
+            # gate and up rounded as the GEMM's output, silu rounded as its own op's output
+            g = y.to(dtype).to(tl.float32)
+            silu = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
+            y = silu * u.to(dtype).to(tl.float32)
+        tl.store(Y_ptr + t_2d * stride_y + n_2d, y.to(dtype), mask=(t_2d < T) & (n_2d < N))
+
+
+@triton.jit
+def _add_rms_norm_partials_kernel(X_ptr, R_ptr, NormW_ptr, Out_ptr, ROut_ptr, H, stride_xs, stride_xt, stride_r,
+                                  eps, NUM_SPLITS: tl.constexpr, PARTIALS: tl.constexpr,
+                                  HAS_RESIDUAL: tl.constexpr, WRITE_RESIDUAL: tl.constexpr,
+                                  BLOCK_H: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    dtype = Out_ptr.dtype.element_ty
+    h = tl.arange(0, BLOCK_H)
+    hmask = h < H
+    x = _residual_tile(X_ptr, R_ptr, t, h, hmask, stride_xs, stride_xt, stride_r, dtype,
+                       NUM_SPLITS, PARTIALS, HAS_RESIDUAL)
+    if WRITE_RESIDUAL:
+        tl.store(ROut_ptr + t * H + h, x.to(dtype), mask=hmask)
+    tl.store(Out_ptr + t * H + h, _rms_norm_tile(x, NormW_ptr, h, hmask, H, eps, dtype, 0).to(dtype), mask=hmask)
+
+
+@triton.jit
+def _linear_partials_kernel(X_ptr, W_ptr, B_ptr, P_ptr, T, K, N, stride_x, stride_w, stride_ps, stride_pt,
+                            HAS_BIAS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_K: tl.constexpr):
+    """Program (p, s): rows p BLOCK_N .. + BLOCK_N of W over the K split s (one tile of BLOCK_K),
+    read once, for every token, into P[s]."""
+    split = tl.program_id(1)
+    n_2d = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # [1, BLOCK_N]
+    n = n_2d[:, :, None]
+    k = (split * BLOCK_K + tl.arange(0, BLOCK_K))[None, None, :]
+    kmask = k < K
+    w = tl.load(W_ptr + n * stride_w + k, mask=(n < N) & kmask, other=0.0).to(tl.float32)  # [1, BLOCK_N, BLOCK_K]
+    if HAS_BIAS:
+        # in the first partial only: the consumer's sum adds it before its one rounding, as addmm does
+        b = tl.load(B_ptr + n_2d, mask=(n_2d < N) & (split == 0), other=0.0).to(tl.float32)
+    for t0 in range(0, T, BLOCK_T):
+        t_2d = t0 + tl.arange(0, BLOCK_T)[:, None]  # [BLOCK_T, 1]
+        t = t_2d[:, :, None].to(tl.int64)
+        x = tl.load(X_ptr + t * stride_x + k, mask=(t < T) & kmask, other=0.0).to(tl.float32)
+        y = tl.sum(x * w, 2)  # [BLOCK_T, BLOCK_N] fp32
+        if HAS_BIAS:
+            y += b
+        tl.store(P_ptr + split * stride_ps + t_2d * stride_pt + n_2d, y, mask=(t_2d < T) & (n_2d < N))
+
+
+# ---------------------------------------------------------------------------------- launchers
+
+def _rows_per_program(num_rows: int, num_splits: int, width: int, device: torch.device) -> int:
+    """Weight rows a program owns (width: its tile's columns, both halves with SwiGLU): on CUDA
+    the most (up to 8, the tile within _TILE_ELEMS) that still give every multiprocessor a
+    program; under the interpreter a few."""
+    if device.type != "cuda":
+        return _ROWS_INTERPRET
+    num_sms = multiprocessor_count(device)
+    for rows in (8, 4, 2):
+        if rows * width <= _TILE_ELEMS and triton.cdiv(num_rows, rows) * num_splits >= num_sms:
+            return rows
+    return 1
+
+
+def _token_tile(T: int, tile_elems: int, device: torch.device) -> int:
+    """Tokens per tile: their product with the weight tile within _PRODUCT_ELEMS."""
+    budget = tiles_for(device, _PRODUCT_ELEMS, _PRODUCT_ELEMS_INTERPRET)
+    return max(1, min(triton.next_power_of_2(T), budget // tile_elems))
+
+
+def _check_sublayer(name: str, x: torch.Tensor, residual: torch.Tensor | None,
+                    norm_weight: torch.Tensor) -> tuple[int, int]:
+    """x [T, H] in the norm weight's dtype or [S, T, H] fp32 partials, residual [T, H] or None,
+    one device, contiguous last dims; returns (T, H)."""
+    dtype = norm_weight.dtype
+    H = norm_weight.shape[0] if norm_weight.dim() == 1 else -1
+    partials = x.dim() == 3
+    if not ((x.dim() == 2 and x.dtype == dtype) or (partials and x.dtype == torch.float32)) or x.shape[-1] != H \
+            or x.stride(-1) != 1 or (partials and x.shape[0] < 1):
+        raise ValueError(f"{name}: x must be [T, H] in the norm weight's dtype or [S >= 1, T, H] fp32 partial "
+                         f"sums, H = norm_weight's length, last dim contiguous; got x {tuple(x.shape)} {x.dtype} "
+                         f"strides {x.stride()}, norm_weight {tuple(norm_weight.shape)} {dtype}")
+    T = x.shape[-2]
+    if residual is not None and (residual.shape != (T, H) or residual.dtype != dtype or residual.stride(1) != 1):
+        raise ValueError(f"{name}: residual must be [T, H] = {(T, H)} in {dtype} with a contiguous last dim; "
+                         f"got {tuple(residual.shape)} {residual.dtype} strides {residual.stride()}")
+    if H > _MAX_NORM_WIDTH:
+        raise ValueError(f"{name}: the norm's width H = {H} exceeds one tile ({_MAX_NORM_WIDTH})")
+    return T, H
+
+
+def _check_linear(name: str, K: int, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype,
+                  swiglu: bool = False) -> int:
+    """weight [rows, K] and bias [rows] or None in `dtype`, weight's last dim contiguous, an even
+    row count with SwiGLU; returns the output width (rows, or rows / 2 with SwiGLU)."""
+    rows = weight.shape[0] if weight.dim() == 2 else -1
+    if weight.dim() != 2 or weight.shape[1] != K or weight.dtype != dtype or weight.stride(1) != 1 \
+            or (swiglu and rows % 2):
+        raise ValueError(f"{name}: weight must be [{'2 N' if swiglu else 'N'}, K = {K}] in {dtype} with a "
+                         f"contiguous last dim; got {tuple(weight.shape)} {weight.dtype} strides {weight.stride()}")
+    if bias is not None and (bias.shape != (rows,) or bias.dtype != dtype or bias.stride(0) != 1):
+        raise ValueError(f"{name}: bias must be [{rows}] contiguous in {dtype}; got {tuple(bias.shape)} {bias.dtype}")
+    return rows // 2 if swiglu else rows
+
+
+def _check_device_and_dtype(name: str, dtype: torch.dtype, *tensors: torch.Tensor | None) -> None:
+    """One device for all; an activation dtype the kernels take there (the interpreter rounds to
+    bf16/fp16 by truncation, so on CPU fp32 only)."""
+    devices = {t.device for t in tensors if t is not None}
+    if len(devices) > 1:
+        raise ValueError(f"{name}: all inputs must be on one device; got {sorted(str(d) for d in devices)}")
+    if dtype not in TRITON_DTYPES or (devices.pop().type == "cpu" and dtype != torch.float32):
+        raise ValueError(f"{name}(impl='triton') takes bf16, fp16 or fp32 on CUDA and fp32 on CPU "
+                         f"(TRITON_INTERPRET=1); got {dtype}")
+
+
+def _sublayer_args(x: torch.Tensor) -> tuple[int, int, int, bool]:
+    """(num_splits, stride_xs, stride_xt, partials) of x [T, H] or [S, T, H]."""
+    if x.dim() == 3:
+        return x.shape[0], x.stride(0), x.stride(1), True
+    return 1, 0, x.stride(0), False
+
+
+def _launch_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                        weight: torch.Tensor, bias: torch.Tensor | None, swiglu: bool,
+                        T: int, H: int, N: int) -> tuple[torch.Tensor, torch.Tensor]:
+    dtype, device = norm_weight.dtype, norm_weight.device
+    num_splits, stride_xs, stride_xt, partials = _sublayer_args(x)
+    y = torch.empty((T, N), dtype=dtype, device=device)
+    write_residual = partials or residual is not None
+    r_out = torch.empty((T, H), dtype=dtype, device=device) if write_residual else x
+    if T and N:
+        BLOCK_H = triton.next_power_of_2(H)
+        width = BLOCK_H * (2 if swiglu else 1)
+        rows = _rows_per_program(N, 1, width, device)
+        r = x if residual is None else residual  # a placeholder pointer without a residual
+        _norm_linear_kernel[(triton.cdiv(N, rows),)](
+            x, r, norm_weight, weight, weight if bias is None else bias, y, r_out,
+            T, H, N, stride_xs, stride_xt, r.stride(0), weight.stride(0), y.stride(0), eps,
+            NUM_SPLITS=num_splits, PARTIALS=partials, HAS_RESIDUAL=residual is not None,
+            WRITE_RESIDUAL=write_residual, HAS_BIAS=bias is not None, SWIGLU=swiglu,
+            BLOCK_T=_token_tile(T, rows * width, device), BLOCK_N=rows, BLOCK_H=BLOCK_H, num_warps=4)
+    return y, r_out
+
+
+# ---------------------------------------------------------------------------------- public API
+
+def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                weight: torch.Tensor, bias: torch.Tensor | None = None, *, swiglu: bool = False,
+                impl: str = "triton") -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add, the RMSNorm and the projection of the normed rows, in one kernel.
+
+    Args:
+        x: [T, H] in the activation dtype (a sublayer's output, or the embeddings), or
+            [S, T, H] fp32 partial sums whose sum is the sublayer's output (`linear_partials`).
+        residual: [T, H] in the activation dtype, or None (nothing to add).
+        norm_weight: [H] in the activation dtype (bf16/fp16/fp32): the RMSNorm's weight.
+        eps: added to the mean square.
+        weight: [N, H] in the activation dtype, or with `swiglu` [2 N, H] (gate rows, then up rows).
+        bias: [N] (with `swiglu` [2 N]) in the activation dtype, or None.
+        swiglu: return silu(gate) * up of the two halves of the projection.
+        impl: "triton" (CUDA, or CPU under TRITON_INTERPRET=1) or "eager".
+
+    Returns:
+        y: [T, N] in the activation dtype, contiguous.
+        residual: [T, H] the residual stream after the add, contiguous (x itself when x is
+            [T, H] and residual is None).
+    """
+    check_impl("norm_linear", impl)
+    if impl == "eager":
+        return norm_linear_eager(x, residual, norm_weight, eps, weight, bias, swiglu=swiglu)
+    T, H = _check_sublayer("norm_linear", x, residual, norm_weight)
+    N = _check_linear("norm_linear", H, weight, bias, norm_weight.dtype, swiglu)
+    _check_device_and_dtype("norm_linear", norm_weight.dtype, x, residual, norm_weight, weight, bias)
+    return _launch_norm_linear(x, residual, norm_weight, eps, weight, bias, swiglu, T, H, N)
+
+
+def norm_linear_eager(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                      weight: torch.Tensor, bias: torch.Tensor | None = None, *, swiglu: bool = False,
+                      impl: str = "eager") -> tuple[torch.Tensor, torch.Tensor]:
+    """The eager twin (same arguments and results as `norm_linear`): the plain path's ops."""
+    check_eager_impl("norm_linear_eager", impl)
+    if x.dim() == 3:
+        x = x.sum(0).to(norm_weight.dtype)
+    h, residual = add_rms_norm_eager(x, residual, norm_weight, eps)
+    y = F.linear(h, weight, bias)
+    if swiglu:
+        y = silu_mul_eager(*y.chunk(2, dim=-1))
+    return y, residual
+
+
+def add_rms_norm_partials(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                          *, impl: str = "triton") -> tuple[torch.Tensor, torch.Tensor]:
+    """`trunk_inference.add_rms_norm` of a sublayer's output given as partial sums: the final
+    norm after a `linear_partials` down projection.
+
+    Args:
+        x: [S, T, H] fp32 partial sums of the sublayer's output, or [T, H] in weight's dtype.
+        residual: [T, H] in weight's dtype, or None.
+        weight: [H] bf16/fp16/fp32, the activation dtype.
+        eps: added to the mean square.
+        impl: "triton" (CUDA, or CPU under TRITON_INTERPRET=1) or "eager".
+
+    Returns:
+        normed: [T, H] rms_norm(residual + the sublayer's output), contiguous.
+        residual: [T, H] the residual stream after the add (x itself when x is [T, H] and residual is None).
+    """
+    check_impl("add_rms_norm_partials", impl)
+    if impl == "eager":
+        return add_rms_norm_partials_eager(x, residual, weight, eps)
+    T, H = _check_sublayer("add_rms_norm_partials", x, residual, weight)
+    _check_device_and_dtype("add_rms_norm_partials", weight.dtype, x, residual, weight)
+    num_splits, stride_xs, stride_xt, partials = _sublayer_args(x)
+    out = torch.empty((T, H), dtype=weight.dtype, device=weight.device)
+    write_residual = partials or residual is not None
+    r_out = torch.empty((T, H), dtype=weight.dtype, device=weight.device) if write_residual else x
+    if T:
+        r = x if residual is None else residual  # a placeholder pointer without a residual
+        _add_rms_norm_partials_kernel[(T,)](
+            x, r, weight, out, r_out, H, stride_xs, stride_xt, r.stride(0), eps, NUM_SPLITS=num_splits,
+            PARTIALS=partials, HAS_RESIDUAL=residual is not None, WRITE_RESIDUAL=write_residual,
+            BLOCK_H=triton.next_power_of_2(H), num_warps=4)
+    return out, r_out
+
+
+def add_rms_norm_partials_eager(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                                *, impl: str = "eager") -> tuple[torch.Tensor, torch.Tensor]:
+    """The eager twin (same arguments and results as `add_rms_norm_partials`)."""
+    check_eager_impl("add_rms_norm_partials_eager", impl)
+    if x.dim() == 3:
+        x = x.sum(0).to(weight.dtype)
+    return add_rms_norm_eager(x, residual, weight, eps)
+
+
+def linear_partials(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                    split: int = SPLIT_K, impl: str = "triton") -> torch.Tensor:
+    """x @ weight.T (+ bias) as fp32 partial sums over splits of K, for `norm_linear` or
+    `add_rms_norm_partials` to add (and round once) in their prologue.
+
+    Args:
+        x: [T, K] bf16/fp16/fp32, last dim contiguous (rows may be strided).
+        weight: [N, K] in x's dtype, last dim contiguous.
+        bias: [N] in x's dtype, or None; added to the first partial.
+        split: K columns per partial, a power of two >= 16.
+        impl: "triton" (CUDA, or CPU under TRITON_INTERPRET=1) or "eager".
+
+    Returns:
+        [cdiv(K, split), T, N] fp32, contiguous.
+    """
+    check_impl("linear_partials", impl)
+    if impl == "eager":
+        return linear_partials_eager(x, weight, bias, split=split)
+    T, K, N = _check_partials_args(x, weight, bias, split)
+    _check_device_and_dtype("linear_partials", x.dtype, x, weight, bias)
+    num_splits = triton.cdiv(K, split)
+    out = torch.empty((num_splits, T, N), dtype=torch.float32, device=x.device)
+    if T and N:
+        block_k = min(split, triton.next_power_of_2(K))
+        rows = _rows_per_program(N, num_splits, block_k, x.device)
+        _linear_partials_kernel[(triton.cdiv(N, rows), num_splits)](
+            x, weight, weight if bias is None else bias, out, T, K, N, x.stride(0), weight.stride(0),
+            out.stride(0), out.stride(1), HAS_BIAS=bias is not None, BLOCK_T=_token_tile(T, rows * block_k, x.device),
+            BLOCK_N=rows, BLOCK_K=block_k, num_warps=4)
+    return out
+
+
+def linear_partials_eager(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                          split: int = SPLIT_K, impl: str = "eager") -> torch.Tensor:
+    """The eager twin (same arguments and result as `linear_partials`): one fp32 matmul per split."""
+    check_eager_impl("linear_partials_eager", impl)
+    _check_partials_args(x, weight, bias, split)
+    out = torch.stack([xs.float() @ ws.float().T for xs, ws in zip(x.split(split, 1), weight.split(split, 1))])
+    if bias is not None:
+        out[0] += bias.float()
+    return out
+
+
+def _check_partials_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                         split: int) -> tuple[int, int, int]:
+    """Validates `linear_partials`' arguments; returns (T, K, N)."""
+    if split < 16 or split & (split - 1):
+        raise ValueError(f"linear_partials: split must be a power of two >= 16, got {split}")
+    if x.dim() != 2 or x.stride(1) != 1 or x.shape[1] < 1:
+        raise ValueError(f"linear_partials: x must be [T, K >= 1] with a contiguous last dim; got {tuple(x.shape)} "
+                         f"strides {x.stride()}")
+    return x.shape[0], x.shape[1], _check_linear("linear_partials", x.shape[1], weight, bias, x.dtype)
