@@ -94,10 +94,13 @@ class EngineConfig:
     keep_cache: bool = True  # keep pool, logits buffer and graphs between calls [rollout_keep_cache]
     watermark: float = 0.01  # share of the pool admission leaves free, as vLLM's block-manager watermark
     decode_steps_per_round: int = 16  # decode steps per host round trip [decode_steps_per_round]
+    gemv_max_tokens: int = 0  # forwards of at most this many tokens run the few-token GEMV layers (CUDA)
 
     def __post_init__(self) -> None:
         if self.decode_steps_per_round < 1:
             raise ValueError(f"EngineConfig.decode_steps_per_round = {self.decode_steps_per_round}: must be >= 1")
+        if self.gemv_max_tokens < 0:
+            raise ValueError(f"EngineConfig.gemv_max_tokens = {self.gemv_max_tokens}: must be >= 0")
 
 
 @dataclass
@@ -141,7 +144,8 @@ class PagedEngine:
         capacity = self._pool_blocks(config.kv_cache_bytes)
         self.runner = ModelRunner(actor, dtype=dtype, num_blocks=capacity + 1, block_size=config.block_size,
                                   max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
-                                  cuda_graph=config.cuda_graph, steps_per_round=config.decode_steps_per_round)
+                                  cuda_graph=config.cuda_graph, steps_per_round=config.decode_steps_per_round,
+                                  gemv_max_tokens=config.gemv_max_tokens)
         self._track_blocks(capacity)
         self.device = self.runner.device
         self.oom_counts = {"prefill_oom_splits": 0, "pool_oom_shrinks": 0}  # since the last call's stats
