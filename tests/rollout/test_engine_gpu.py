@@ -20,18 +20,14 @@ LOGPROB_MEAN_BOUND = 2e-2. Log-probs of another distribution (tempered, filtered
 are off by order 0.1-1 at this init (logits of spread ~0.6).
 """
 
-import functools
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-import oreal_fast.rollout.engine.engine as engine_module
 from benchmarks.logprob_gpu import rollout_logprob_diffs
 from oreal_fast.kernels.trunk_train import TRAIN_OPS
 from oreal_fast.model.decoder import Decoder, DecoderConfig
 from oreal_fast.rollout import EngineConfig, PagedEngine, PlainSampler, SamplingParams
-from oreal_fast.rollout.engine.model_runner import ModelRunner
 from oreal_fast.runtime import Precision
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -63,10 +59,9 @@ def prompts():
 
 
 @pytest.fixture(params=[0, 16], ids=["plain_layers", "gemv_layers"])
-def gemv_max_tokens(request, monkeypatch):
-    """The runner's few-token threshold: 16 puts every decode bucket of these 8 prompts on the
+def gemv_max_tokens(request):
+    """The engine's few-token threshold: 16 puts every decode bucket of these 8 prompts on the
     GEMV layers (`decode_gemv`), graphs included; the prefills stay on the plain layers."""
-    monkeypatch.setattr(engine_module, "ModelRunner", functools.partial(ModelRunner, gemv_max_tokens=request.param))
     return request.param
 
 
@@ -100,7 +95,7 @@ def test_greedy_bf16_equals_plain_sampler_until_a_near_tie(model, model32, promp
                                                             gemv_max_tokens):
     params = SamplingParams(max_new_tokens=NEW, max_length=MAX_LEN, do_sample=False)
     plain = PlainSampler(model, max_batch_size=8).generate(prompts, params, torch.Generator("cuda"))
-    engine = make_engine(model, decode_steps_per_round=steps_per_round)
+    engine = make_engine(model, decode_steps_per_round=steps_per_round, gemv_max_tokens=gemv_max_tokens)
     assert engine.runner.model.gemv_max_tokens == gemv_max_tokens
     got = engine.generate(prompts, params, torch.Generator("cuda"))
     exact = 0
@@ -138,7 +133,8 @@ def test_stops_inside_a_round_and_preemption_between_rounds_graph_equals_eager(m
     is the same up to there, so a row stops inside a round."""
     def run(cuda_graph, stop=()):
         engine = PagedEngine(model, EngineConfig(max_model_len=MAX_LEN, kv_cache_bytes=40 * 16 * KV_BYTES_PER_TOKEN,
-                                                 max_num_seqs=32, cuda_graph=cuda_graph, decode_steps_per_round=8),
+                                                 max_num_seqs=32, cuda_graph=cuda_graph, decode_steps_per_round=8,
+                                                 gemv_max_tokens=gemv_max_tokens),
                              dtype=torch.bfloat16)
         params = SamplingParams(max_new_tokens=NEW, max_length=MAX_LEN, top_p=0.9, stop_token_ids=stop)
         out = engine.generate(prompts, params, torch.Generator("cuda").manual_seed(4))
