@@ -6,6 +6,8 @@ the test oracle and the trainer's ``loss_impl="eager"`` switch. What the familie
 """
 
 from oreal_fast.kernels.common import IGNORE_INDEX
+from oreal_fast.kernels.decode_gemv import (add_rms_norm_partials, add_rms_norm_partials_eager, linear_partials,
+                                            linear_partials_eager, norm_linear, norm_linear_eager)
 from oreal_fast.kernels.linear_logprob import linear_logprob, linear_logprob_eager
 from oreal_fast.kernels.fused_oreal_loss import fused_oreal_loss, fused_oreal_loss_eager
 from oreal_fast.kernels.paged_attention import paged_decode_attention, paged_decode_attention_eager
@@ -14,8 +16,10 @@ from oreal_fast.kernels.sampling import (sample_from_logits, sample_from_logits_
 from oreal_fast.kernels.trunk_inference import (add_rms_norm, add_rms_norm_eager, rope_write_kv, rope_write_kv_eager,
                                                 silu_mul, silu_mul_eager)
 
-__all__ = ["IGNORE_INDEX", "add_rms_norm", "add_rms_norm_eager", "fused_oreal_loss",
-           "fused_oreal_loss_eager", "linear_logprob", "linear_logprob_eager", "paged_decode_attention",
+__all__ = ["IGNORE_INDEX", "add_rms_norm", "add_rms_norm_eager", "add_rms_norm_partials",
+           "add_rms_norm_partials_eager", "fused_oreal_loss", "fused_oreal_loss_eager", "linear_logprob",
+           "linear_logprob_eager", "linear_partials", "linear_partials_eager", "norm_linear", "norm_linear_eager",
+           "paged_decode_attention",
            "paged_decode_attention_eager", "rope_write_kv", "rope_write_kv_eager",
            "sample_from_logits", "sample_from_logits_eager", "sample_with_logprobs", "sample_with_logprobs_eager",
            "silu_mul", "silu_mul_eager", "token_logprobs", "token_logprobs_eager"]
