@@ -39,7 +39,7 @@ their names, the state dict and so the checkpoint format are those without mergi
 weight gradient row is the same sum over tokens as without merging, but the merged GEMM's input
 gradient sums all its output columns in one fp32 accumulator where autograd adds three (two)
 compute-dtype GEMM results, so what flows below it differs by compute-dtype round-off: equal to
-tolerance, not bit for bit (tests/test_merged_projections.py). Memory: the same elements as the
+tolerance, not bit for bit (tests/test_cast_once.py). Memory: the same elements as the
 separate copies (`cast_numel`), so the same bytes.
 
 Memory: the copies live for the phase only (generation between phases gets the memory back):
