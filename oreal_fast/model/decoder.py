@@ -22,6 +22,11 @@ models on CUDA take `oreal_fast.kernels.trunk_train.TRAIN_OPS`, which have a bac
 engine runs its own decoder, `rollout/engine/inference_model.py`). This module imports no Triton;
 the kernel files take the eager forms here as their oracle.
 
+Merged projections: during an RL phase with ``merged_projections``, `oreal_fast.cast_once` sets each
+`Attention`'s and `MLP`'s ``merged_weight`` (the stacked compute-dtype copy of wq|wk|wv, w_gate|w_up;
+``merged_bias`` for q|k|v): the block then runs one GEMM for q/k/v and one for gate/up, and SwiGLU
+takes the packed output (`TrunkOps.silu_mul_packed`). The parameters and their names never change.
+
 Not here: HF name mapping and file I/O (`hf_io.py`), attention kernels (`attention.py`).
 Invariant: numerics follow transformers' Llama/Qwen2 modules op for op (fp32 RMSNorm statistics,
 rope tables computed in fp32 then cast), so the same weights give the same hidden states.
