@@ -31,13 +31,13 @@ dtype anyway, so the values are the eager ones and the cast kernel and the fp32 
 
 Saved for backward (per token): RMSNorm its input row (the residual sum when fused, which is also
 an output, so nothing new) and one fp32 rstd; rope nothing but the shared cos/sin rows; SwiGLU g and
-u only (packed: gu, the same bytes; eager also keeps silu(g), another [T, I]). Budget: each forward reads its inputs once and
-writes its outputs once; each backward reads the saved rows and dy once and writes the input
-gradients once (RMSNorm also writes [programs, H] fp32 partial dw). No host sync anywhere, no
-workspace bigger than the partial dw.
+u only (packed: gu, the same bytes; eager also keeps silu(g), another [T, I]). Budget: each forward
+reads its inputs once and writes its outputs once; each backward reads the saved rows and dy once
+and writes the input gradients once (RMSNorm also writes [programs, H] fp32 partial dw). No host
+sync anywhere, no workspace bigger than the partial dw.
 
-Limits: the last dim of every input must be contiguous (rope and the packed SwiGLU take row-strided
-views, so q, k of one q|k|v GEMM and its gate|up output go in without a copy); H <= 16384 (one row in one block); cos and
+Limits: the last dim of every input must be contiguous, rows may be strided (rope takes q and k as
+column views of one q|k|v GEMM's output without a copy); H <= 16384 (one row in one block); cos and
 sin are tables, not trained (an input that requires grad is an error). On CPU the Triton path runs
 only under TRITON_INTERPRET=1. `TRAIN_OPS` bundles the five ops as the trained models' `TrunkOps`
 (`trunk_ops_for` picks them or the eager ones from the config's `trunk_kernels`).
