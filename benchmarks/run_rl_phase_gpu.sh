@@ -4,13 +4,15 @@
 #   gpu_tests.log      bf16 parity of the trainable trunk kernels at real shapes (tests/kernels/test_trunk_train.py),
 #                      the RL phase with no host sync and TRAIN_OPS training as the eager ops
 #                      and weights_cast_once giving autocast's gradients (tests/trainer/test_rl_phase_gpu.py),
+#                      merged_projections giving the separate projections' gradients, no host sync with it
+#                      (tests/trainer/test_merged_projections_gpu.py),
 #                      the activation formula against what autograd saves with varlen attention
 #                      (tests/test_recompute.py)
-#   rl_loop.json       test_bench_rl_loop.py, our split with and without weights_cast_once (short and mixed
-#                      shapes, 40 GiB cap)
+#   rl_loop.json       test_bench_rl_loop.py, our split with and without weights_cast_once, and with it and
+#                      merged_projections (short and mixed shapes, 40 GiB cap)
 #   rl_phase_L16384.json, rl_phase_L4096.json
 #                      test_bench_rl_phase.py: defaults, fused loss, eager trunk, recompute none / half / full,
-#                      weights cast once, hf_plain (L4096)
+#                      weights cast once, merged projections, hf_plain (L4096)
 #   trunk_ops.json     test_bench_trunk_ops.py: eager, ours, liger (from .whl/ when carried), the projections
 #   trunk_ops_compile.json  the same suite's torch.compile cases (compiling takes most of their time)
 #   rl_loop_profile.json  torch.profiler of one phase, ours and with the eager trunk: busy fraction, syncs, kernels
@@ -29,7 +31,8 @@ fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" \
   | tee "$OUT/env.txt"
-for t in tests/kernels/test_trunk_train.py tests/trainer/test_rl_phase_gpu.py tests/test_recompute.py; do
+for t in tests/kernels/test_trunk_train.py tests/trainer/test_rl_phase_gpu.py tests/trainer/test_merged_projections_gpu.py \
+    tests/test_recompute.py; do
   timeout 60 python3 -m pytest "$t" -q -ra -p no:cacheprovider 2>&1 | tail -n 15 | tee -a "$OUT/gpu_tests.log"
 done
 bench() {  # file, -k expression, output name, time limit
@@ -37,9 +40,9 @@ bench() {  # file, -k expression, output name, time limit
     --benchmark-json "$OUT/$3.json" --benchmark-columns=median,rounds --benchmark-sort=name 2>&1 \
     | tail -n 40 > "$OUT/$3.log"
 }
-bench benchmarks/test_bench_rl_loop.py "oreal_fast or cast_once" rl_loop 80
-bench benchmarks/test_bench_rl_phase.py "L16384 and not oreal_fast_eager" rl_phase_L16384 80
-bench benchmarks/test_bench_rl_phase.py "L4096 and not oreal_fast_eager" rl_phase_L4096 50
+bench benchmarks/test_bench_rl_loop.py "oreal_fast or cast_once or merged" rl_loop 110
+bench benchmarks/test_bench_rl_phase.py "L16384 and not oreal_fast_eager" rl_phase_L16384 90
+bench benchmarks/test_bench_rl_phase.py "L4096 and not oreal_fast_eager" rl_phase_L4096 55
 bench benchmarks/test_bench_trunk_ops.py "not torch_compile" trunk_ops 40
 PYTHONPATH=benchmarks:${PYTHONPATH:-} timeout 35 python3 benchmarks/profile_rl_loop.py --out "$OUT/rl_loop_profile.json" \
   --variants oreal_fast trunk_eager > "$OUT/profile.log" 2>&1

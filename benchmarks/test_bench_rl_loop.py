@@ -8,6 +8,8 @@ Providers:
   official_split  the official 2 sequences per micro-batch (rl_micro_batch_tokens 0)
   cast_once       oreal_fast with weights_cast_once (the weights cast once per phase; the recompute
                   plan counts the copies)
+  merged          cast_once with merged_projections: q/k/v and gate/up as one GEMM each (the same
+                  copy bytes, so the same recompute plan)
 Cases (fixed seeds):
   short  64 kept sequences, 32 prompts x 2 samples, 470-token prompt + 150..220-token responses
          (~660 tokens each, the shape of a capped-response run)
@@ -35,8 +37,9 @@ from oreal_fast.rl_step import RLSettings, rl_phase
 from oreal_fast.runtime import Precision
 from oreal_fast.trajectories import plan_micro_batches
 
-# provider -> (rl_micro_batch_tokens, weights_cast_once)
-PROVIDERS = {"oreal_fast": (32768, False), "official_split": (0, False), "cast_once": (32768, True)}
+# provider -> (rl_micro_batch_tokens, weights_cast_once, merged_projections)
+PROVIDERS = {"oreal_fast": (32768, False, False), "official_split": (0, False, False),
+             "cast_once": (32768, True, False), "merged": (32768, True, True)}
 
 
 CASES = {"short": short_case, "mixed": mixed_case}
@@ -51,11 +54,12 @@ def test_rl_loop(benchmark, provider, case):
     torch.cuda.set_per_process_memory_fraction(CAP_GIB * 2**30 / total)
     try:
         kept = CASES[case]()
-        budget, cast_once = PROVIDERS[provider]
+        budget, cast_once, merged = PROVIDERS[provider]
         models, recomputed = rl_models(tokens=32768, weights_cast_once=cast_once)
         actor_opt = torch.optim.AdamW(models.actor.parameters(), lr=1e-7, weight_decay=0.01, fused=True)
         rm_opt = torch.optim.AdamW(models.token_rm.parameters(), lr=1e-7, weight_decay=0.01, fused=True)
-        cfg = TrainConfig(actor="random", datasets="none", threshold_rescale=True, weights_cast_once=cast_once)
+        cfg = TrainConfig(actor="random", datasets="none", threshold_rescale=True, weights_cast_once=cast_once,
+                          merged_projections=merged)
         settings = RLSettings.from_config(cfg, Precision(torch.device(DEVICE), torch.bfloat16))
 
         def phase():

@@ -15,6 +15,8 @@ Providers:
   cast_once         oreal_fast with weights_cast_once (and the recompute plan that counts its copies);
                     the copies are made inside every timed call, since here one micro-batch is the
                     whole phase: the least a phase of several micro-batches amortises the cast over
+  merged            cast_once with merged_projections: q/k/v and gate/up as one GEMM each (the same
+                    copy bytes, so the same recompute plan)
   hf_plain          transformers Qwen2ForCausalLM x 3 the plain way: full [B, L, V] logits,
                     gradient checkpointing, log_softmax + gather, the same OREAL math after that
 Cases: 2 sequences of L tokens (512 prompt + L - 512 response), L in {4096, 16384}; hf_plain runs
@@ -46,16 +48,18 @@ from oreal_fast.trajectories import Trajectory, make_micro_batch
 
 PROMPT = 512
 LENGTHS = {"L4096": 4096, "L16384": 16384}
-# provider -> (loss impl, loss kernel, trunk ops, blocks recomputed: None = the plan, weights_cast_once)
+# provider -> (loss impl, loss kernel, trunk ops, blocks recomputed: None = the plan, weights_cast_once,
+#              merged_projections)
 OURS = {
-    "oreal_fast": ("triton", "linear_logprob", TRAIN_OPS, None, False),
-    "oreal_fast_fused": ("triton", "fused_oreal_loss", TRAIN_OPS, None, False),
-    "trunk_eager": ("triton", "linear_logprob", EAGER_OPS, None, False),
-    "oreal_fast_eager": ("eager", "linear_logprob", EAGER_OPS, None, False),
-    "recompute_none": ("triton", "linear_logprob", TRAIN_OPS, 0, False),
-    "recompute_half": ("triton", "linear_logprob", TRAIN_OPS, QWEN25_05B.num_layers // 2, False),
-    "recompute_full": ("triton", "linear_logprob", TRAIN_OPS, QWEN25_05B.num_layers, False),
-    "cast_once": ("triton", "linear_logprob", TRAIN_OPS, None, True),
+    "oreal_fast": ("triton", "linear_logprob", TRAIN_OPS, None, False, False),
+    "oreal_fast_fused": ("triton", "fused_oreal_loss", TRAIN_OPS, None, False, False),
+    "trunk_eager": ("triton", "linear_logprob", EAGER_OPS, None, False, False),
+    "oreal_fast_eager": ("eager", "linear_logprob", EAGER_OPS, None, False, False),
+    "recompute_none": ("triton", "linear_logprob", TRAIN_OPS, 0, False, False),
+    "recompute_half": ("triton", "linear_logprob", TRAIN_OPS, QWEN25_05B.num_layers // 2, False, False),
+    "recompute_full": ("triton", "linear_logprob", TRAIN_OPS, QWEN25_05B.num_layers, False, False),
+    "cast_once": ("triton", "linear_logprob", TRAIN_OPS, None, True, False),
+    "merged": ("triton", "linear_logprob", TRAIN_OPS, None, True, True),
 }
 PROVIDERS = (*OURS, "hf_plain")
 CFG = TrainConfig(actor="random", datasets="none", threshold_rescale=True, pos_mult_adv=True)
@@ -68,12 +72,13 @@ def _trajectories(length: int) -> list[Trajectory]:
 
 
 def _ours(length: int, provider: str):
-    impl, loss_kernel, ops, recompute, cast_once = OURS[provider]
+    impl, loss_kernel, ops, recompute, cast_once, merged = OURS[provider]
     models, recomputed = rl_models(recompute, ops=ops, tokens=2 * length, loss_kernel=loss_kernel,
                                    weights_cast_once=cast_once)
     batch = make_micro_batch(_trajectories(length)).to(torch.device(DEVICE))
     norm = global_normalisers(batch.action_cu_seqlens.diff(), batch.rewards)
-    cfg = dataclasses.replace(CFG, loss_impl=impl, loss_kernel=loss_kernel, weights_cast_once=cast_once)
+    cfg = dataclasses.replace(CFG, loss_impl=impl, loss_kernel=loss_kernel, weights_cast_once=cast_once,
+                              merged_projections=merged)
     settings = RLSettings.from_config(cfg, Precision(torch.device(DEVICE), torch.bfloat16))
 
     def step():

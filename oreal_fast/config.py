@@ -292,6 +292,12 @@ class TrainConfig:
     gradients bit for bit, and the copies take 2 bytes per cast weight during the phase (~1.7 GB for the
     0.5B actor + RM). Single process only: under torchrun FSDP2 gathers in the compute dtype already, and
     this does nothing. Off until a GPU benchmark shows it faster (oreal_fast.cast_once)."""
+    merged_projections: bool = False
+    """With weights_cast_once (required: True without it is an error), each block's q/k/v and gate/up
+    projections run as one GEMM each, on one stacked compute-dtype copy per group; the masters, their
+    gradients (to bf16 round-off, not bit for bit) and the checkpoint format are unchanged, and the copies
+    take the same bytes as separate ones. Like weights_cast_once, it does nothing under torchrun (FSDP2).
+    Off until a GPU benchmark shows it faster (oreal_fast.cast_once)."""
     gpu_memory_limit_gib: float | None = None
     """Cap on this process's GPU memory in GiB (e.g. 40 to emulate a 40 GB card on a larger one); None = no cap."""
     device: str = "auto"
@@ -608,6 +614,8 @@ def _check_combinations(c: _Checker, cfg: TrainConfig) -> None:
     if cfg.warmup_steps < cfg.total_steps - 1 and cfg.rm_warmup_steps >= cfg.total_steps:
         c.fail("rm_warmup_steps", f"{cfg.rm_warmup_steps} must be < total_steps = {cfg.total_steps}: the cosine "
                f"phase starts after warmup_steps = {cfg.warmup_steps}")
+    if cfg.merged_projections and not cfg.weights_cast_once:
+        c.fail("merged_projections", "True needs weights_cast_once = True (the merged GEMMs run on its copies)")
     if cfg.token_level_rm is not None:
         if not cfg.threshold_rescale and not cfg.topk_rescale:
             c.fail("token_level_rm", "a token-level RM is set but threshold_rescale and topk_rescale "

@@ -90,7 +90,8 @@ class RLSettings:
 
     ``impl`` is the kernels' own word ("triton" | "eager"); ``loss_kernel`` one of LOSS_KERNELS;
     ``weights_cast_once``: `rl_phase` runs under ``cast_once.weights_cast_once`` (without data
-    parallelism, and only where the forwards run under autocast).
+    parallelism, and only where the forwards run under autocast); ``merged_projections``: with
+    q/k/v and gate/up merged there (its ``merge``).
     """
 
     coefficients: LossCoefficients
@@ -99,17 +100,20 @@ class RLSettings:
     impl: str
     loss_kernel: str = "linear_logprob"
     weights_cast_once: bool = False
+    merged_projections: bool = False
 
     def __post_init__(self) -> None:
         if self.loss_kernel not in LOSS_KERNELS:
             raise ValueError(f"RLSettings.loss_kernel {self.loss_kernel!r}: expected one of {LOSS_KERNELS}")
+        if self.merged_projections and not self.weights_cast_once:
+            raise ValueError("RLSettings.merged_projections needs weights_cast_once (it merges the copies that makes)")
 
     @classmethod
     def from_config(cls, cfg: Any, precision: Precision) -> "RLSettings":
         """What every micro-step needs of the config, built once per run."""
         return cls(LossCoefficients.from_config(cfg), TokenWeightRule.from_config(cfg), precision,
                    impl=resolve_kernel_impl(cfg.loss_impl, precision.device), loss_kernel=cfg.loss_kernel,
-                   weights_cast_once=cfg.weights_cast_once)
+                   weights_cast_once=cfg.weights_cast_once, merged_projections=cfg.merged_projections)
 
     def weight_casts(self, models: RLModels, dp: DataParallel) -> contextlib.AbstractContextManager:
         """The trained models' weights cast once for a phase (``cast_once``) when asked for and useful:
@@ -117,7 +121,7 @@ class RLSettings:
         if not (self.weights_cast_once and self.precision.uses_autocast and not dp.enabled):
             return contextlib.nullcontext()
         trained = [m for m in (models.actor, models.token_rm) if m is not None]
-        return weights_cast_once(trained, self.precision.compute_dtype)
+        return weights_cast_once(trained, self.precision.compute_dtype, merge=self.merged_projections)
 
 
 class MicroStepSums(NamedTuple):

@@ -6,12 +6,17 @@ The masters' gradients are compared BITWISE (torch.equal): both paths run the sa
 same bf16 weights (a cast to bf16 rounds the same way wherever it runs), hand the masters the same
 bf16 weight gradients converted to fp32, and add them into ``.grad`` in the same order, the tied LM
 head's included (see the module docstring). So any difference is a wrong hook, not round-off.
+
+With merged projections (``merge``, config ``merged_projections``) the gradients are compared to
+those of separate projections within a tolerance, in fp32 and in bf16: its test says why and what
+the largest difference is.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -19,7 +24,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from oreal_fast.cast_once import cast_numel, cast_targets, weights_cast_once
 from oreal_fast.config import TrainConfig
-from oreal_fast.model.decoder import Decoder, DecoderConfig, TokenRewardModel
+from oreal_fast.kernels.trunk_train import TRAIN_OPS
+from oreal_fast.model.decoder import EAGER_OPS, MLP, Attention, Decoder, DecoderConfig, TokenRewardModel
 from oreal_fast.parallel import DataParallel
 from oreal_fast.recompute import apply_recompute
 from oreal_fast.rl_step import RLSettings, rl_micro_step, rl_phase
@@ -33,12 +39,12 @@ BF16 = Precision(torch.device("cpu"), torch.bfloat16)
 ACTOR_RECOMPUTED, RM_RECOMPUTED = 2, 1
 
 
-def _models(tied: bool = True) -> RLModels:
+def _models(tied: bool = True, compute_dtype: torch.dtype = torch.bfloat16) -> RLModels:
     torch.manual_seed(0)
     config = dataclasses.replace(CONFIG, tie_embeddings=tied)
-    actor = Decoder(config, dtype=torch.float32, compute_dtype=torch.bfloat16)
-    reference = Decoder(config, dtype=torch.bfloat16)
-    backbone = Decoder(config, with_lm_head=False, dtype=torch.float32, compute_dtype=torch.bfloat16)
+    actor = Decoder(config, dtype=torch.float32, compute_dtype=compute_dtype)
+    reference = Decoder(config, dtype=compute_dtype)
+    backbone = Decoder(config, with_lm_head=False, dtype=torch.float32, compute_dtype=compute_dtype)
     for m in (actor, reference, backbone):
         m.init_weights()
     reference.requires_grad_(False).eval()
@@ -57,9 +63,10 @@ def _kept() -> list[Trajectory]:
             for i, (p, r) in enumerate([(10, 20), (10, 15), (7, 30), (7, 9)])]
 
 
-def _settings(cast_once: bool, loss_kernel: str = "linear_logprob", precision: Precision = BF16) -> RLSettings:
+def _settings(cast_once: bool, loss_kernel: str = "linear_logprob", precision: Precision = BF16,
+              merged: bool = False) -> RLSettings:
     cfg = TrainConfig(actor="x", datasets="none", threshold_rescale=True, weights_cast_once=cast_once,
-                      loss_kernel=loss_kernel)
+                      loss_kernel=loss_kernel, merged_projections=merged)
     return RLSettings.from_config(cfg, precision)
 
 
@@ -182,3 +189,136 @@ def test_cast_numel_counts_the_matmul_weights_and_the_tied_head():
     actor = Decoder(qwen, device="meta", dtype=torch.float32, attn_backend="sdpa")
     backbone = Decoder(qwen, with_lm_head=False, device="meta", dtype=torch.float32, attn_backend="sdpa")
     assert round(cast_numel(actor) / 1e6) == 494 and round(cast_numel(backbone) / 1e6) == 358
+
+
+# ---------------------------------------------------------------------------------- merged projections
+
+FP32 = Precision(torch.device("cpu"), torch.float32)
+
+
+def _phase(models: RLModels, merged: bool, compute_dtype: torch.dtype) -> tuple[torch.Tensor, dict]:
+    """Four micro-batches with the weights cast once, q/k/v and gate/up merged or not: under bf16
+    autocast through the settings as the trainer runs it, or in fp32 (no autocast: the copies are
+    made here, in fp32, so that only the merging differs)."""
+    if compute_dtype == torch.bfloat16:
+        sums = rl_phase(models, _kept(), _settings(True, merged=merged), micro_batch_size=1, token_budget=0,
+                        update_actor=True)
+    else:
+        with weights_cast_once([models.actor, models.token_rm], torch.float32, merge=merged):
+            sums = rl_phase(models, _kept(), _settings(False, precision=FP32), micro_batch_size=1, token_budget=0,
+                            update_actor=True)
+    return torch.stack(list(sums)), _grads(models)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("compute_dtype, sums_rtol, grads_rtol", [(torch.float32, 1e-6, 1e-5),
+                                                                   (torch.bfloat16, 2e-3, 5e-2)])
+def test_merged_projections_give_the_masters_the_gradients_of_separate_ones(tied, compute_dtype, sums_rtol,
+                                                                             grads_rtol):
+    """A phase of four micro-batches (blocks recomputed in both models, qkv biases) with and without
+    merging; each master's gradient compared in relative L2 norm.
+
+    The merged GEMM's input gradient sums all its output columns in one accumulator, where autograd
+    adds the three (two) separate GEMMs' results, each rounded to the compute dtype; so the gradients
+    below a merged GEMM differ by round-off. Measured here: in fp32 the loss sums are equal and the
+    worst gradient is 1.0e-6 off (tolerance 1e-5); in bf16 the loss sums are equal too (the forward
+    GEMMs give the same values) and the worst gradient is 1.6e-2 off (a k bias of a lower block;
+    tolerance 5e-2). A gradient part dropped, counted twice or given to the wrong master is off by
+    order one."""
+    (ref_sums, ref_grads), (sums, grads) = (_phase(_models(tied, compute_dtype), merged, compute_dtype)
+                                            for merged in (False, True))
+    assert torch.allclose(sums, ref_sums, rtol=sums_rtol, atol=0), (sums, ref_sums)
+    assert ref_grads.keys() == grads.keys()
+    for name, ref in ref_grads.items():
+        assert ref is not None and grads[name].dtype == torch.float32, name
+        err = float((grads[name].double() - ref.double()).norm() / ref.double().norm())
+        assert err <= grads_rtol, f"{name}: relative L2 difference {err:.2e}"
+
+
+def _layout(model: torch.nn.Module) -> dict[str, tuple[torch.Size, torch.dtype]]:
+    return {k: (v.shape, v.dtype) for k, v in model.state_dict().items()}
+
+
+def test_merged_copies_stand_in_for_the_projections_during_the_phase_only():
+    """Inside: one bf16 copy per group, the masters' rows stacked in q, k, v (gate, up) order; the
+    merged projections' own weights stay masters (not copied twice), the other Linears are copied;
+    as many elements copied as without merging. Inside: the state dict's keys and shapes as before
+    (the copied Linears' entries in bf16, as without merging). After (also after an error): keys,
+    shapes and dtypes as before, no merged copy, every parameter its master."""
+    models = _models()
+    actor, c = models.actor, CONFIG
+    masters, layout, numel = dict(actor.named_parameters()), _layout(actor), cast_numel(actor)
+    attns = [m for m in actor.modules() if isinstance(m, Attention)]
+    mlps = [m for m in actor.modules() if isinstance(m, MLP)]
+    with weights_cast_once([actor], torch.bfloat16, merge=True):
+        assert {k: shape for k, (shape, _) in _layout(actor).items()} == {k: s for k, (s, _) in layout.items()}
+        Q, K = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        copied = actor.lm_head_weight.numel()
+        for a in attns:
+            assert a.merged_weight.dtype == torch.bfloat16 and a.merged_weight.shape == (Q + 2 * K, c.hidden_size)
+            assert torch.equal(a.merged_weight, torch.cat((a.wq.weight, a.wk.weight, a.wv.weight)).bfloat16())
+            assert torch.equal(a.merged_bias, torch.cat((a.wq.bias, a.wk.bias, a.wv.bias)).bfloat16())
+            assert a.wk.weight.dtype == a.wk.bias.dtype == torch.float32 and a.wo.weight.dtype == torch.bfloat16
+            copied += a.merged_weight.numel() + a.merged_bias.numel() + a.wo.weight.numel()
+        for m in mlps:
+            assert m.merged_weight.shape == (2 * c.intermediate_size, c.hidden_size)
+            assert torch.equal(m.merged_weight, torch.cat((m.w_gate.weight, m.w_up.weight)).bfloat16())
+            assert m.w_up.weight.dtype == torch.float32 and m.w_down.weight.dtype == torch.bfloat16
+            copied += m.merged_weight.numel() + m.w_down.weight.numel()
+        assert copied == numel
+    with pytest.raises(ValueError, match="boom"), weights_cast_once([actor], torch.bfloat16, merge=True):
+        raise ValueError("boom")
+    assert _layout(actor) == layout
+    assert all(p is masters[n] for n, p in actor.named_parameters())
+    assert all(m.merged_weight is None for m in attns + mlps) and all(a.merged_bias is None for a in attns)
+
+
+def test_after_a_merged_phase_the_models_train_as_before():
+    """A merged phase, then a phase without cast_once on the same models (no optimiser step between):
+    the masters' gradients equal those of models that never merged, bit for bit (no hook, copy or
+    attribute of the merged phase is left to act)."""
+    results = []
+    for merged_first in (False, True):
+        models = _models()
+        if merged_first:
+            rl_phase(models, _kept(), _settings(True, merged=True), micro_batch_size=2, token_budget=0,
+                     update_actor=True)
+            models.actor.zero_grad(set_to_none=True)
+            models.token_rm.zero_grad(set_to_none=True)
+        rl_phase(models, _kept(), _settings(False), micro_batch_size=2, token_budget=0, update_actor=True)
+        results.append(_grads(models))
+    _assert_bitwise(*results)
+
+
+def test_merged_projections_need_weights_cast_once():
+    with pytest.raises(ValueError, match="merged_projections needs weights_cast_once"):
+        _settings(False, merged=True)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_merged_block_saves_no_more_for_its_backward(fused):
+    """The storages one forward saves for its backward, merged against separate (both on the phase's
+    copies): the same with the fused trunk ops (the gate|up output is the gate and up it replaces, and
+    v, copied out of the q|k|v output, does not keep that output alive); with the eager ops, 3 bf16 [T, H]
+    less per block (autocast casts the fp32 norm output once per GEMM: two GEMMs instead of five)."""
+    if fused and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the fused trunk ops run on CPU only under TRITON_INTERPRET=1")
+    T = 24
+    saved = []
+    for merged in (False, True):
+        torch.manual_seed(0)
+        model = Decoder(CONFIG, dtype=torch.float32, compute_dtype=torch.bfloat16,
+                        trunk_ops=TRAIN_OPS if fused else EAGER_OPS)
+        model.init_weights()
+        storages: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with weights_cast_once([model], torch.bfloat16, merge=merged), torch.autocast("cpu", dtype=torch.bfloat16), \
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(torch.arange(T), torch.arange(T), torch.tensor([0, T], dtype=torch.int32), T)
+        saved.append(sum(storages.values()))
+    fewer_casts = 0 if fused else CONFIG.num_layers * 3 * 2 * CONFIG.hidden_size * T
+    assert saved[1] == saved[0] - fewer_casts

@@ -132,6 +132,7 @@ BAD = [
     ("selective_recompute = 1.5", "selective_recompute", "None or [0, 1]"),
     ("loss_kernel = 'cce'", "loss_kernel", "linear_logprob, fused_oreal_loss"),
     ("rl_micro_batch_tokens = -1", "rl_micro_batch_tokens", ">= 0"),
+    ("merged_projections = True", "merged_projections", "True needs weights_cast_once = True"),
     ("device = 'tpu'", "device", "auto, cpu, cuda"),
     ("resume = '/no/such/checkpoint'", "resume", "does not exist"),
     ("max_prompts = 0", "max_prompts", ">= 1"),
@@ -222,6 +223,16 @@ def test_a_run_that_ends_within_the_warmup_loads(tmp_path, extra, overrides):
     """The cosine phase (and its T_max = total_steps - warmup) is reached only after warmup_steps."""
     cfg = load_config(_write(tmp_path, extra), overrides)
     assert cfg.total_steps == overrides["total_steps"]
+
+
+def test_merged_projections_load_with_weights_cast_once(tmp_path):
+    cfg = load_config(_write(tmp_path, "weights_cast_once = True\nmerged_projections = True\n"))
+    assert cfg.weights_cast_once and cfg.merged_projections
+    assert not load_config(_write(tmp_path)).merged_projections  # off by default
+    with pytest.raises(ConfigError, match=r"merged_projections in .* \(set on the command line\): True needs "
+                                          r"weights_cast_once = True"):
+        load_config(_write(tmp_path, "weights_cast_once = True\n"), {"weights_cast_once": False,
+                                                                       "merged_projections": True})
 
 
 def test_val_datasets_none_on_the_command_line_turns_validation_off(tmp_path):

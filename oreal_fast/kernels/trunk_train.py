@@ -1,5 +1,6 @@
 """The decoder trunk's elementwise ops for training, forward and backward in Triton: RMSNorm (alone
-and with the residual add before it), rotary embedding and the SwiGLU activation.
+and with the residual add before it), rotary embedding and the SwiGLU activation (on separate gate
+and up, or on the packed output of one gate|up GEMM).
 
 The math, as the eager code these replace (`oreal_fast.model.decoder`, transformers' Llama/Qwen2
 op for op):
@@ -9,6 +10,7 @@ op for op):
     apply_rope(x, cos, sin)        = x * cos + cat(-x2, x1) * sin,  x = [x1 | x2] on the last dim,
                                      cos and sin cast to x's dtype first
     silu_mul(g, u)                 = silu(g) * u
+    silu_mul_packed(gu)            = silu_mul(g, u),  gu = [g | u] on the last dim ([T, 2I] -> [T, I])
 
 and their gradients, as autograd derives them from that code:
 
@@ -16,6 +18,7 @@ and their gradients, as autograd derives them from that code:
                own gradient dr when the add is fused);  dw = sum over rows of dy * n.to(x.dtype)
     rope       a rotation by -theta: dx1 = dy1 * cos + dy2 * sin,  dx2 = dy2 * cos - dy1 * sin
     SwiGLU     du = dy * silu(g);  dg = dy * u * sigmoid(g) * (1 + g * (1 - sigmoid(g)))
+               (packed: d(gu) = [dg | du], written as one [T, 2I] tensor, so no cat follows)
 
 Every kernel loads in fp32 and rounds where the eager ops round in the activation dtype (a product,
 silu's output, the normalised row before the weight), so in fp32 the results equal the eager ones
@@ -28,14 +31,15 @@ dtype anyway, so the values are the eager ones and the cast kernel and the fp32 
 
 Saved for backward (per token): RMSNorm its input row (the residual sum when fused, which is also
 an output, so nothing new) and one fp32 rstd; rope nothing but the shared cos/sin rows; SwiGLU g and
-u only (eager also keeps silu(g), another [T, I]). Budget: each forward reads its inputs once and
-writes its outputs once; each backward reads the saved rows and dy once and writes the input
-gradients once (RMSNorm also writes [programs, H] fp32 partial dw). No host sync anywhere, no
-workspace bigger than the partial dw.
+u only (packed: gu, the same bytes; eager also keeps silu(g), another [T, I]). Budget: each forward
+reads its inputs once and writes its outputs once; each backward reads the saved rows and dy once
+and writes the input gradients once (RMSNorm also writes [programs, H] fp32 partial dw). No host
+sync anywhere, no workspace bigger than the partial dw.
 
-Limits: the last dim of every input must be contiguous; H <= 16384 (one row in one block); cos and
+Limits: the last dim of every input must be contiguous, rows may be strided (rope takes q and k as
+column views of one q|k|v GEMM's output without a copy); H <= 16384 (one row in one block); cos and
 sin are tables, not trained (an input that requires grad is an error). On CPU the Triton path runs
-only under TRITON_INTERPRET=1. `TRAIN_OPS` bundles the four ops as the trained models' `TrunkOps`
+only under TRITON_INTERPRET=1. `TRAIN_OPS` bundles the five ops as the trained models' `TrunkOps`
 (`trunk_ops_for` picks them or the eager ones from the config's `trunk_kernels`).
 """
 
@@ -54,6 +58,8 @@ _MAX_H = 16384
 _ROW_TILE = 4096
 _ROPE_TILE = 2048
 _SILU_BLOCK = 2048
+# Columns one program of the packed SwiGLU covers (I = 4864 at 0.5B: five programs a row block).
+_SILU_PACKED_COLS = 1024
 # RMSNorm backward programs per multiprocessor: each sums its rows' dw in registers.
 _BWD_PROGRAMS_PER_SM = 4
 _INTERPRETER_BWD_PROGRAMS = 3
@@ -358,14 +364,28 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, impl: s
 # ---------------------------------------------------------------------------------- SwiGLU
 
 @triton.jit
+def _silu_mul_value(g, u, dtype: tl.constexpr):
+    """silu(g) * u in fp32 from fp32 g, u, silu's output rounded to ``dtype`` as eager rounds it."""
+    return (g * tl.sigmoid(g)).to(dtype).to(tl.float32) * u
+
+
+@triton.jit
+def _silu_mul_grads(dy, g, u, dtype: tl.constexpr):
+    """(dg, du) in fp32 from fp32 dy, g, u, rounded to ``dtype`` where autograd's ops round."""
+    sig = tl.sigmoid(g)
+    silu = (g * sig).to(dtype).to(tl.float32)  # recomputed, as the forward rounded it
+    dsilu = (dy * u).to(dtype).to(tl.float32)  # the product's gradient, rounded as autograd's mul
+    return dsilu * sig * (1.0 + g * (1.0 - sig)), dy * silu
+
+
+@triton.jit
 def _silu_mul_fwd_kernel(G_ptr, U_ptr, Out_ptr, N, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
     dtype = Out_ptr.dtype.element_ty
     g = tl.load(G_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(U_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    silu = (g * tl.sigmoid(g)).to(dtype).to(tl.float32)  # eager rounds silu's output
-    tl.store(Out_ptr + offs, (silu * u).to(dtype), mask=mask)
+    tl.store(Out_ptr + offs, _silu_mul_value(g, u, dtype).to(dtype), mask=mask)
 
 
 @triton.jit
@@ -376,11 +396,41 @@ def _silu_mul_bwd_kernel(DY_ptr, G_ptr, U_ptr, DG_ptr, DU_ptr, N, BLOCK: tl.cons
     dy = tl.load(DY_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(G_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(U_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    sig = tl.sigmoid(g)
-    silu = (g * sig).to(dtype).to(tl.float32)  # recomputed, as the forward rounded it
-    dsilu = (dy * u).to(dtype).to(tl.float32)  # the product's gradient, rounded as autograd's mul
-    tl.store(DU_ptr + offs, (dy * silu).to(dtype), mask=mask)
-    tl.store(DG_ptr + offs, (dsilu * sig * (1.0 + g * (1.0 - sig))).to(dtype), mask=mask)
+    dg, du = _silu_mul_grads(dy, g, u, dtype)
+    tl.store(DU_ptr + offs, du.to(dtype), mask=mask)
+    tl.store(DG_ptr + offs, dg.to(dtype), mask=mask)
+
+
+@triton.jit
+def _silu_mul_packed_fwd_kernel(GU_ptr, Out_ptr, T, I, stride_gu, stride_out,
+                                BLOCK_T: tl.constexpr, BLOCK_I: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = (tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I))[None, :]
+    mask = (rows < T)[:, None] & (cols < I)
+    r64 = rows.to(tl.int64)[:, None]  # T * stride may pass 2^31
+    dtype = Out_ptr.dtype.element_ty
+    gate = GU_ptr + r64 * stride_gu + cols  # row t holds gate in columns [0, I), up in [I, 2I)
+    g = tl.load(gate, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(gate + I, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Out_ptr + r64 * stride_out + cols, _silu_mul_value(g, u, dtype).to(dtype), mask=mask)
+
+
+@triton.jit
+def _silu_mul_packed_bwd_kernel(DY_ptr, GU_ptr, DGU_ptr, T, I, stride_dy, stride_gu, stride_dgu,
+                                BLOCK_T: tl.constexpr, BLOCK_I: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = (tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I))[None, :]
+    mask = (rows < T)[:, None] & (cols < I)
+    r64 = rows.to(tl.int64)[:, None]
+    dtype = DGU_ptr.dtype.element_ty
+    dy = tl.load(DY_ptr + r64 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+    gate = GU_ptr + r64 * stride_gu + cols
+    g = tl.load(gate, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(gate + I, mask=mask, other=0.0).to(tl.float32)
+    dg, du = _silu_mul_grads(dy, g, u, dtype)
+    d_gate = DGU_ptr + r64 * stride_dgu + cols  # d(gate_up) in the layout of gate_up: no cat after
+    tl.store(d_gate, dg.to(dtype), mask=mask)
+    tl.store(d_gate + I, du.to(dtype), mask=mask)
 
 
 class _SiluMul(torch.autograd.Function):
@@ -429,13 +479,71 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, impl: str = "triton") -> t
     return _SiluMul.apply(gate, up)
 
 
+def _packed_blocks(I: int) -> tuple[int, int]:
+    block_i = min(triton.next_power_of_2(I), _SILU_PACKED_COLS)
+    return max(1, _SILU_BLOCK // block_i), block_i
+
+
+class _SiluMulPacked(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate_up):
+        ctx.save_for_backward(gate_up)
+        T, I = gate_up.shape[0], gate_up.shape[1] // 2
+        out = torch.empty((T, I), dtype=gate_up.dtype, device=gate_up.device)
+        block_t, block_i = _packed_blocks(I)
+        if T and I:
+            _silu_mul_packed_fwd_kernel[(triton.cdiv(T, block_t), triton.cdiv(I, block_i))](
+                gate_up, out, T, I, gate_up.stride(0), out.stride(0), BLOCK_T=block_t, BLOCK_I=block_i,
+                num_warps=8)
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        (gate_up,) = ctx.saved_tensors
+        dy = dy if dy.stride(-1) == 1 else dy.contiguous()
+        T, I = dy.shape
+        d_gate_up = torch.empty((T, 2 * I), dtype=gate_up.dtype, device=gate_up.device)
+        block_t, block_i = _packed_blocks(I)
+        if T and I:
+            _silu_mul_packed_bwd_kernel[(triton.cdiv(T, block_t), triton.cdiv(I, block_i))](
+                dy, gate_up, d_gate_up, T, I, dy.stride(0), gate_up.stride(0), d_gate_up.stride(0),
+                BLOCK_T=block_t, BLOCK_I=block_i, num_warps=8)
+        return d_gate_up
+
+
+def silu_mul_packed_eager(gate_up: torch.Tensor, *, impl: str = "eager") -> torch.Tensor:
+    """The eager twin (same arguments as `silu_mul_packed`): the model's own op."""
+    return model.silu_mul_packed(gate_up)
+
+
+def silu_mul_packed(gate_up: torch.Tensor, *, impl: str = "triton") -> torch.Tensor:
+    """silu(gate) * up on the output of one gate|up GEMM, differentiable; saves only gate_up, and its
+    backward writes d(gate_up) [T, 2I] directly (no cat of dgate and dup).
+
+    Args:
+        gate_up: [T, 2I] bf16/fp16/fp32 = [gate | up] on the last dim, last dim contiguous (a row
+            stride above 2I is fine).
+        impl: "triton" (on CPU only under TRITON_INTERPRET=1) or "eager".
+
+    Returns:
+        [T, I] contiguous, in gate_up's dtype.
+    """
+    _check_impl(impl, "silu_mul_packed")
+    if impl == "eager":
+        return silu_mul_packed_eager(gate_up)
+    if gate_up.dim() != 2 or gate_up.shape[1] % 2 or gate_up.stride(1) != 1:
+        raise ValueError(f"silu_mul_packed: gate_up must be [T, 2I] with a contiguous last dim of even width; "
+                         f"got {tuple(gate_up.shape)} strides {gate_up.stride()}")
+    return _SiluMulPacked.apply(gate_up)
+
+
 def _check_impl(impl: str, name: str) -> None:
     if impl not in IMPLS:
         raise ValueError(f"{name}: impl must be one of {IMPLS}, got {impl!r}")
 
 
 # The trained models' trunk on CUDA: one Triton kernel per op and per backward.
-TRAIN_OPS = model.TrunkOps(rms_norm, apply_rope, silu_mul, add_rms_norm)
+TRAIN_OPS = model.TrunkOps(rms_norm, apply_rope, silu_mul, silu_mul_packed, add_rms_norm)
 
 
 def trunk_ops_for(trunk_kernels: str, device: torch.device) -> model.TrunkOps:

@@ -22,6 +22,11 @@ models on CUDA take `oreal_fast.kernels.trunk_train.TRAIN_OPS`, which have a bac
 engine runs its own decoder, `rollout/engine/inference_model.py`). This module imports no Triton;
 the kernel files take the eager forms here as their oracle.
 
+Merged projections: during an RL phase with ``merged_projections``, `oreal_fast.cast_once` sets each
+`Attention`'s and `MLP`'s ``merged_weight`` (the stacked compute-dtype copy of wq|wk|wv, w_gate|w_up;
+``merged_bias`` for q|k|v): the block then runs one GEMM for q/k/v and one for gate/up, and SwiGLU
+takes the packed output (`TrunkOps.silu_mul_packed`). The parameters and their names never change.
+
 Not here: HF name mapping and file I/O (`hf_io.py`), attention kernels (`attention.py`).
 Invariant: numerics follow transformers' Llama/Qwen2 modules op for op (fp32 RMSNorm statistics,
 rope tables computed in fp32 then cast), so the same weights give the same hidden states.
@@ -153,6 +158,13 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def silu_mul_packed(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's activation on the output of one gate|up GEMM: gate_up [T, 2I] = [gate | up] on the
+    last dim -> silu(gate) * up [T, I]."""
+    gate, up = gate_up.chunk(2, dim=-1)  # (T, I) views each
+    return silu_mul(gate, up)
+
+
 @dataclass(frozen=True)
 class TrunkOps:
     """The elementwise ops of the trunk, each with the signature of the eager form above.
@@ -164,6 +176,7 @@ class TrunkOps:
     rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
     apply_rope: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # x [T, heads, D], cos, sin
     silu_mul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    silu_mul_packed: Callable[[torch.Tensor], torch.Tensor]  # gate_up [T, 2I] -> [T, I], the merged MLP's
     add_rms_norm: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float],
                            tuple[torch.Tensor, torch.Tensor]] | None = None
 
@@ -177,7 +190,7 @@ class TrunkOps:
 
 
 # Eager ops, differentiable: training and every model autograd sees.
-EAGER_OPS = TrunkOps(rms_norm, apply_rope, silu_mul)
+EAGER_OPS = TrunkOps(rms_norm, apply_rope, silu_mul, silu_mul_packed)
 
 
 class AttentionCache(Protocol):
@@ -205,15 +218,28 @@ class Attention(nn.Module):
         self.wk = nn.Linear(H, config.num_kv_heads * D, bias=config.qkv_bias, **factory)
         self.wv = nn.Linear(H, config.num_kv_heads * D, bias=config.qkv_bias, **factory)
         self.wo = nn.Linear(config.num_heads * D, H, bias=config.out_bias, **factory)
+        # wq, wk, wv stacked by rows in the compute dtype ([(Hq + 2 Hkv) D, H], bias [(Hq + 2 Hkv) D] or
+        # None), set for one RL phase by oreal_fast.cast_once; None = the three projections
+        self.merged_weight: torch.Tensor | None = None
+        self.merged_bias: torch.Tensor | None = None
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor,
         max_seqlen: int, cache: AttentionCache | None,
     ) -> torch.Tensor:
         T = x.shape[0]
-        q = self.wq(x).view(T, self.num_heads, self.head_dim)  # (T, Hq, D)
-        k = self.wk(x).view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
-        v = self.wv(x).view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
+        if self.merged_weight is None:
+            q, k, v = self.wq(x), self.wk(x), self.wv(x)
+        else:  # one GEMM; q, k, v are column views of its output (split's backward is one cat)
+            q, k, v = F.linear(x, self.merged_weight, self.merged_bias).split(
+                (self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
+                 self.num_kv_heads * self.head_dim), dim=-1)
+            # rope writes new q, k; attention keeps v for its backward, and a view would keep the whole
+            # [T, (Hq + 2 Hkv) D] output alive with it: v gets its own [T, Hkv D] (1/9 of it at 0.5B)
+            v = v.contiguous()
+        q = q.view(T, self.num_heads, self.head_dim)  # (T, Hq, D)
+        k = k.view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
+        v = v.view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
         q, k = self.ops.apply_rope(q, cos, sin), self.ops.apply_rope(k, cos, sin)
         if cache is None:
             out = self.backend(q, k, v, cu_seqlens, max_seqlen)
@@ -230,9 +256,14 @@ class MLP(nn.Module):
         self.w_gate = nn.Linear(H, I, bias=False, **factory)
         self.w_up = nn.Linear(H, I, bias=False, **factory)
         self.w_down = nn.Linear(I, H, bias=False, **factory)
+        # w_gate, w_up stacked by rows in the compute dtype ([2I, H]), set for one RL phase by
+        # oreal_fast.cast_once; None = the two projections
+        self.merged_weight: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w_down(self.ops.silu_mul(self.w_gate(x), self.w_up(x)))  # SwiGLU
+        if self.merged_weight is None:
+            return self.w_down(self.ops.silu_mul(self.w_gate(x), self.w_up(x)))  # SwiGLU
+        return self.w_down(self.ops.silu_mul_packed(F.linear(x, self.merged_weight)))  # gate|up in one GEMM
 
 
 class Block(nn.Module):

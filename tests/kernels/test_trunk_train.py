@@ -17,12 +17,15 @@ the size of what is summed: |got - ref| <= 1e-5 (fp32 ulps times the reduction d
 (or column's) sum of |terms|; rope and SwiGLU gradients are elementwise, so the forward bounds hold.
 """
 
+from contextlib import nullcontext
+
 import pytest
 import torch
 
+from oreal_fast.cast_once import weights_cast_once
 from oreal_fast.kernels.trunk_train import (TRAIN_OPS, add_rms_norm, add_rms_norm_eager, apply_rope,
                                             apply_rope_eager, rms_norm, rms_norm_eager, silu_mul, silu_mul_eager,
-                                            trunk_ops_for)
+                                            silu_mul_packed, silu_mul_packed_eager, trunk_ops_for)
 from oreal_fast.model.decoder import EAGER_OPS, Decoder, DecoderConfig, rope_table
 from oreal_fast.recompute import apply_recompute, recompute_count
 
@@ -167,6 +170,31 @@ def test_rope_forward_and_backward_match_eager(device, heads, D):
         assert torch.equal(y, y_ref) and torch.equal(dx, dx_ref)
 
 
+def test_rope_takes_q_and_k_as_column_views_of_one_qkv_output(device):
+    """q and k of a merged q|k|v GEMM are views with the row stride of the whole output: rotated in
+    place of a copy, they give what the contiguous q and k give (values and gradients, bit for bit)."""
+    T, Hq, Hkv, D = 7, 4, 2, 16
+    cfg = DecoderConfig(family="qwen2", vocab_size=10, hidden_size=Hq * D, intermediate_size=8, num_layers=1,
+                        num_heads=Hq, num_kv_heads=Hkv, head_dim=D)
+    cos_sin = rope_table(cfg, torch.device(device))[torch.arange(T, device=device) * 3]
+    cos, sin = cos_sin[:, :1], cos_sin[:, 1:]
+    g = torch.Generator().manual_seed(4)
+    qkv = torch.randn(T, (Hq + 2 * Hkv) * D, generator=g).to(device).requires_grad_(True)
+    q, k, _ = qkv.split((Hq * D, Hkv * D, Hkv * D), dim=-1)
+    views = (q.view(T, Hq, D), k.view(T, Hkv, D))  # (T, heads, D), row stride (Hq + 2 Hkv) D
+    assert views[0].stride() == ((Hq + 2 * Hkv) * D, D, 1)
+    probes = _probes([(T, Hq, D), (T, Hkv, D)], device, seed=4)
+    sum((apply_rope(x, cos, sin) * p).sum() for x, p in zip(views, probes)).backward()
+    for x, p in zip(views, probes):
+        leaf = x.detach().contiguous().requires_grad_(True)
+        y = apply_rope(leaf, cos, sin)
+        (y * p).sum().backward()
+        assert torch.equal(apply_rope(x, cos, sin), y)
+        start = 0 if x.shape[1] == Hq else Hq * D
+        assert torch.equal(qkv.grad[:, start:start + x.shape[1] * D], leaf.grad.view(T, -1))
+    assert not qkv.grad[:, (Hq + Hkv) * D:].any()  # v's columns: not rotated here
+
+
 def test_rope_backward_is_the_inverse_rotation(device):
     """dx of sum(rope(x) * dy) is rope(dy) by the angle's negative: rotating back gives dy's rotation."""
     cfg = DecoderConfig(family="llama", vocab_size=10, hidden_size=32, intermediate_size=8, num_layers=1,
@@ -182,25 +210,59 @@ def test_rope_backward_is_the_inverse_rotation(device):
 
 # ---------------------------------------------------------------------------------- SwiGLU
 
+def _check_swiglu(got, ref, gate: torch.Tensor, up: torch.Tensor, dy: torch.Tensor) -> None:
+    """got, ref: (y, dg, du) of SwiGLU on gate, up with output gradient dy, within the module's bounds."""
+    (y, dg, du), (y_ref, dg_ref, du_ref), dtype = got, ref, gate.dtype
+    for a, b in ((y, y_ref), (du, du_ref)):
+        assert a.dtype == dtype and _ulps(a, b) <= _max_ulps(dtype)
+    # dg = dsilu * sig * (1 + g (1 - sig)), dsilu = dy * u: the last factor cancels near g = -1.28, where
+    # fp32 sigmoids one ulp apart differ relatively more, so the bound scales with its terms' size
+    sig, dsilu = torch.sigmoid(gate.double()), dy.to(dtype).double() * up.double()
+    terms = dsilu.abs() * sig * (1 + (gate.double() * (1 - sig)).abs())
+    bound = _max_ulps(dtype) * torch.finfo(dtype).eps * (dg_ref.double().abs() + terms)
+    assert dg.dtype == dtype and ((dg.double() - dg_ref.double()).abs() <= bound + 1e-30).all()
+
+
+def _swiglu_shape(device: str, shape: tuple[int, int]) -> tuple[int, int]:
+    return (64, shape[1]) if device == "cpu" and shape[0] > 1000 else shape
+
+
 @pytest.mark.parametrize("shape", [(1, 5), (7, 300), (16384, 4864)])
 def test_silu_mul_forward_and_backward_match_eager(device, shape):
-    if device == "cpu" and shape[0] > 1000:
-        shape = (64, 4864)
+    shape = _swiglu_shape(device, shape)
     g = torch.Generator().manual_seed(shape[1])
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     gate = (torch.randn(shape, generator=g) * 4).to(device, dtype)
     up = torch.randn(shape, generator=g).to(device, dtype)
     (y,), (dg, du) = _grads(silu_mul, [gate, up], seed=1)
     (y_ref,), (dg_ref, du_ref) = _grads(silu_mul_eager, [gate, up], seed=1)
-    for got, ref in ((y, y_ref), (du, du_ref)):
-        assert got.dtype == dtype and _ulps(got, ref) <= _max_ulps(dtype)
-    # dg = dsilu * sig * (1 + g (1 - sig)), dsilu = dy * u: the last factor cancels near g = -1.28, where
-    # fp32 sigmoids one ulp apart differ relatively more, so the bound scales with its terms' size
     (dy,) = _probes([shape], device, seed=1)
-    sig, dsilu = torch.sigmoid(gate.double()), dy.to(dtype).double() * up.double()
-    terms = dsilu.abs() * sig * (1 + (gate.double() * (1 - sig)).abs())
-    bound = _max_ulps(dtype) * torch.finfo(dtype).eps * (dg_ref.double().abs() + terms)
-    assert ((dg.double() - dg_ref.double()).abs() <= bound + 1e-30).all()
+    _check_swiglu((y, dg, du), (y_ref, dg_ref, du_ref), gate, up, dy)
+
+
+@pytest.mark.parametrize("strided", [False, True])
+@pytest.mark.parametrize("shape", [(1, 5), (7, 300), (16384, 4864)])
+def test_silu_mul_packed_forward_and_backward_match_eager(device, shape, strided):
+    """gate_up = [gate | up], the merged projection's output; strided: a column view of a wider row
+    (as in a [T, 2I + 8] buffer), which the kernel reads in place. d(gate_up) is one [T, 2I] tensor."""
+    T, I = _swiglu_shape(device, shape)
+    g = torch.Generator().manual_seed(T + I + strided)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    rows = torch.zeros(T, 2 * I + (8 if strided else 0), device=device, dtype=dtype)
+    rows[:, :I], rows[:, I:2 * I] = torch.randn(T, I, generator=g) * 4, torch.randn(T, I, generator=g)
+    (dy,) = _probes([(T, I)], device, seed=2)
+
+    def run(fn):
+        leaf = rows.clone().requires_grad_(True)
+        y = fn(leaf[:, :2 * I])  # row stride 2I + 8 when strided
+        (y.float() * dy).sum().backward()
+        assert not leaf.grad[:, 2 * I:].any()
+        return y.detach(), leaf.grad[:, :2 * I]
+
+    y, d_gate_up = run(silu_mul_packed)
+    y_ref, d_ref = run(silu_mul_packed_eager)
+    assert y.shape == (T, I) and y.is_contiguous()
+    _check_swiglu((y, *d_gate_up.chunk(2, 1)), (y_ref, *d_ref.chunk(2, 1)), rows[:, :I], rows[:, I:2 * I], dy)
 
 
 # ---------------------------------------------------------------------------------- inputs and the decoder
@@ -213,6 +275,7 @@ def test_empty_inputs(device):
     cs = torch.empty(0, 1, 8, device=device)
     assert apply_rope(torch.empty(0, 2, 8, device=device), cs, cs).shape == (0, 2, 8)
     assert silu_mul(torch.empty(0, 3, device=device), torch.empty(0, 3, device=device)).shape == (0, 3)
+    assert silu_mul_packed(torch.empty(0, 6, device=device)).shape == (0, 3)
 
 
 def test_bad_inputs_raise():
@@ -228,6 +291,12 @@ def test_bad_inputs_raise():
         apply_rope(torch.ones(2, 1, 4), torch.ones(2, 1, 4, requires_grad=True), torch.ones(2, 1, 4))
     with pytest.raises(ValueError, match="one dtype"):
         silu_mul(torch.ones(2, 4), torch.ones(2, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"\[T, 2I\] with a contiguous last dim of even width"):
+        silu_mul_packed(torch.ones(2, 5))
+    with pytest.raises(ValueError, match=r"got \(2, 3, 4\)"):
+        silu_mul_packed(torch.ones(2, 3, 4))
+    with pytest.raises(ValueError, match=r"strides \(1, 2\)"):
+        silu_mul_packed(torch.ones(4, 2).t())
     with pytest.raises(ValueError, match="trunk_kernels must be one of"):
         trunk_ops_for("fused", torch.device("cpu"))
 
@@ -239,10 +308,13 @@ def test_trunk_ops_for_config_names():
     assert trunk_ops_for("auto", torch.device("cuda")) is TRAIN_OPS
 
 
+@pytest.mark.parametrize("merged", [False, True])
 @pytest.mark.parametrize("recompute", [0.0, 1.0])
-def test_decoder_trained_through_train_ops_matches_eager(device, recompute):
+def test_decoder_trained_through_train_ops_matches_eager(device, recompute, merged):
     """A 2-layer Qwen2-style decoder (biases, GQA, tied head) on a packed row of three sequences, fp32:
-    hidden states and the gradient of every parameter, with and without recomputed blocks."""
+    hidden states and the gradient of every parameter, with and without recomputed blocks. merged: the
+    TRAIN_OPS decoder runs q/k/v and gate/up as one GEMM each (`weights_cast_once` with merge, its
+    copies in fp32 here), so rope takes strided q, k views and SwiGLU the packed gate|up output."""
     cfg = DecoderConfig(family="qwen2", vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=2,
                         num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=1e4, qkv_bias=True,
                         tie_embeddings=True, init_std=0.2)
@@ -264,8 +336,9 @@ def test_decoder_trained_through_train_ops_matches_eager(device, recompute):
     probe = torch.randn(sum(lens), cfg.hidden_size, device=device)
     outs = []
     for m in (eager, fused):
-        hidden = m(ids, pos, cu, max(lens))
-        (hidden * probe).sum().backward()
+        with weights_cast_once([m], torch.float32, merge=True) if merged and m is fused else nullcontext():
+            hidden = m(ids, pos, cu, max(lens))
+            (hidden * probe).sum().backward()
         outs.append((hidden.detach(), {n: p.grad for n, p in m.named_parameters()}))
     (ref, ref_grads), (got, got_grads) = outs
     assert (got - ref).abs().max() <= 1e-5 * ref.abs().max()
