@@ -323,7 +323,8 @@ class Trainer:
         self.metrics.log_text(f"run {self.run_dir}: config {self.cfg.config_path}, {self.total_steps} steps, "
                               f"device {device}, compute {self.runtime.compute_dtype}, "
                               f"LM-head kernels {settings.loss_kernel} ({settings.impl})"
-                              + (", weights cast once per RL phase" if settings.weights_cast_once else ""))
+                              + (", weights cast once per RL phase" if settings.weights_cast_once else "")
+                              + (" (q/k/v and gate/up merged)" if settings.merged_projections else ""))
         if self.start_step >= self.total_steps:
             log.info(f"{self.run_dir}: all {self.total_steps} steps are done; nothing left to run")
 
