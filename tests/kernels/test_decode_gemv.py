@@ -10,8 +10,10 @@ Tolerances. Kernel and twin round at the same points and differ only in the orde
 most 8 fp32 eps of the sum of its terms' sizes (sum_k |h_k W_nk| + |b_n|; measured well below
 1 eps). In bf16 an fp32 difference that straddles a rounding boundary moves an output (or a
 normed input h_k) by one bf16 ulp: the bound adds one bf16 eps of the output and of the terms, and
-at most 2 % of the outputs (and 2 more) may differ at all (a rounding point moved or missed
-changes far more: about half of them). SwiGLU carries the gate's and the up's bounds through silu(g) u (|silu'| <
+at most 2 % of the outputs (and 2 more) may differ at all from the product rounded once from its
+fp32 value (a rounding point moved or missed changes far more: about half of them; the bf16 twin
+on the GPU rounds before its bias at one row, so the count is taken against that fp32 value). A
+whole layer in a CUDA graph allows 5 %: a flip upstream moves many outputs downstream. SwiGLU carries the gate's and the up's bounds through silu(g) u (|silu'| <
 1.1). A wrong row, bias, norm weight, partial or residual errs by order |y|.
 """
 
@@ -21,7 +23,7 @@ import torch.nn.functional as F
 
 from oreal_fast.kernels.decode_gemv import (add_rms_norm_partials, add_rms_norm_partials_eager, linear_partials,
                                             linear_partials_eager, norm_linear, norm_linear_eager)
-from oreal_fast.kernels.trunk_inference import add_rms_norm_eager
+from oreal_fast.kernels.trunk_inference import add_rms_norm_eager, silu_mul_eager
 from oreal_fast.model.decoder import Decoder, DecoderConfig
 from oreal_fast.parallel import full_weights
 from oreal_fast.rollout.engine.inference_model import InferenceModel
@@ -48,20 +50,29 @@ def fp32_gemm_sums(monkeypatch):
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_bf16_reduced_precision_reduction", False)
 
 
-def _assert_within(got, ref, bound):
+def _assert_within(got, ref, bound, rounded_once=None):
+    """|got - ref| within bound; in bf16 also few outputs unequal to `rounded_once` (default ref)."""
     assert got.shape == ref.shape and got.dtype == ref.dtype
     err = (got.double() - ref.double()).abs()
     worst = int((err - bound.double()).flatten().argmax())
     assert (err <= bound.double()).all(), (f"worst at flat index {worst}: got {got.flatten()[worst].item()}, "
                                            f"twin {ref.flatten()[worst].item()}, bound {bound.flatten()[worst].item()}")
     if got.dtype != torch.float32:
-        _assert_few_differ(got, ref)
+        _assert_few_differ(got, ref if rounded_once is None else rounded_once)
 
 
-def _assert_few_differ(got, ref):
-    """Rounding flips are rare (about 1e-4 of the outputs): 2 % and 2 more; a moved or missed
-    rounding point changes about half."""
-    assert int((got != ref).sum()) <= 0.02 * got.numel() + 2, "more outputs differ from the twin than flips explain"
+def _assert_few_differ(got, ref, share=0.02):
+    """Rounding flips are rare (about 1e-4 of the outputs): `share` of them and 2 more; a moved or
+    missed rounding point changes about half."""
+    differ = int((got != ref).sum())
+    assert differ <= share * got.numel() + 2, f"{differ} of {got.numel()} outputs differ: more than flips explain"
+
+
+def _rounded_once(h, weight, bias, dtype):
+    """F.linear(h, weight, bias) summed in fp32 and rounded once to dtype, bias included: the
+    kernels' contract. The bf16 twin on the GPU may round the product before it adds the bias
+    (cuBLAS's one-row path does: a third to a half of the outputs then differ by one ulp)."""
+    return F.linear(h.float(), weight.float(), None if bias is None else bias.float()).to(dtype)
 
 
 def _sublayer_input(kind, T, H, dtype, device, g):
@@ -107,14 +118,14 @@ def test_norm_linear_matches_eager(device, T, kind, has_bias, swiglu):
         _assert_within(r, r_ref, 4 * EPS32 * x.abs().sum(0) + _low_eps(dtype) * r_ref.float().abs())
     h = add_rms_norm_eager(x.sum(0).to(dtype) if kind == "partials" else x, residual, norm_w, EPS)[0]
     if not swiglu:
-        _assert_within(y, y_ref, _linear_bound(h, weight, bias, y_ref, dtype))
+        _assert_within(y, y_ref, _linear_bound(h, weight, bias, y_ref, dtype), _rounded_once(h, weight, bias, dtype))
         return
     (wg, wu), (bg, bu) = weight.chunk(2), (bias.chunk(2) if has_bias else (None, None))
     gate, up = F.linear(h, wg, bg), F.linear(h, wu, bu)
     bound_g, bound_u = _linear_bound(h, wg, bg, gate, dtype), _linear_bound(h, wu, bu, up, dtype)
     bound = (1.1 * up.float().abs() * bound_g + F.silu(gate.float()).abs() * bound_u
              + 2 * _low_eps(dtype) * y_ref.float().abs())
-    _assert_within(y, y_ref, bound)
+    _assert_within(y, y_ref, bound, silu_mul_eager(_rounded_once(h, wg, bg, dtype), _rounded_once(h, wu, bu, dtype)))
 
 
 @pytest.mark.parametrize("T", [1, 3, 16])
@@ -306,7 +317,10 @@ def test_one_layer_at_the_real_shape_in_a_cuda_graph_matches_eager(T):
     graph.replay()
     refs = layer("eager")
     for name, got, ref in zip(("qkv", "act", "out", "residual"), outs, refs):
-        # each value rounded where the twins round it: rare one-ulp flips that may grow by a few ulps downstream
+        # each value rounded where the twins round it: rare one-ulp flips that may grow by a few ulps
+        # downstream, and a flip upstream (a q|k|v output, a normed input) moves many outputs after it,
+        # so the layer's later outputs may differ in more places than one kernel's (measured on an
+        # H100: 2.2 % of the SwiGLU activations at T = 16); a wrong rounding point moves about half
         err = (got.float() - ref.float()).abs()
         assert (err <= 4 * torch.finfo(dt).eps * ref.float().abs().amax(-1, keepdim=True)).all(), name
-        _assert_few_differ(got, ref)
+        _assert_few_differ(got, ref, share=0.05)

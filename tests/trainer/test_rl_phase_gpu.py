@@ -20,7 +20,7 @@ from oreal_fast.config import TrainConfig
 from oreal_fast.kernels.trunk_train import TRAIN_OPS
 from oreal_fast.model.decoder import EAGER_OPS, Decoder, DecoderConfig, TokenRewardModel
 from oreal_fast.recompute import apply_recompute
-from oreal_fast.rl_step import RLSettings, rl_phase
+from oreal_fast.rl_step import MicroStepSums, RLSettings, rl_phase
 from oreal_fast.runtime import Precision, RLModels
 from oreal_fast.trajectories import Trajectory
 
@@ -89,7 +89,15 @@ def test_train_ops_train_as_the_eager_ops():
         sums = _phase(models)
         results.append((torch.stack(list(sums)).double(), _grads(models)))
     (ref_sums, ref_grads), (sums, grads) = results
-    assert torch.allclose(sums, ref_sums, rtol=2e-2, atol=1e-6), (sums, ref_sums)
+    # ref_kl_sum adds l - l_ref over the tokens: two random models of one init give per-token terms
+    # of both signs that nearly cancel, so the ops' bf16 differences in l (about 1e-3 a token) are
+    # large against the sum and no relative bound fits it (on an H100: -1.69 eager, -0.32 fused over
+    # 2161 tokens); the difference of the sums per token is bounded instead
+    kl = MicroStepSums._fields.index("ref_kl_sum")
+    tokens = ref_sums[MicroStepSums._fields.index("num_action_tokens")]
+    assert (sums[kl] - ref_sums[kl]).abs() <= 2e-3 * tokens, (sums[kl], ref_sums[kl], tokens)
+    others = [i for i in range(len(sums)) if i != kl]
+    assert torch.allclose(sums[others], ref_sums[others], rtol=2e-2, atol=1e-6), (sums, ref_sums)
     for name, g_ref in ref_grads.items():
         err = (grads[name].double() - g_ref.double()).norm() / g_ref.double().norm().clamp_min(1e-30)
         assert err <= 2e-2, f"{name}: relative L2 error {err:.2e}"
