@@ -4,12 +4,13 @@ at Qwen2.5-0.5B shape (random init; fp32 masters computing in bf16, reference in
 
 Run: `pytest benchmarks/test_bench_rl_loop.py --benchmark-only` (CUDA only).
 Providers:
-  oreal_fast      micro-batches packed to the default token budget (rl_micro_batch_tokens 32768)
+  oreal_fast      micro-batches packed to the default token budget (rl_micro_batch_tokens 32768),
+                  autocast casting the weights in every forward (weights_cast_once off)
   official_split  the official 2 sequences per micro-batch (rl_micro_batch_tokens 0)
   cast_once       oreal_fast with weights_cast_once (the weights cast once per phase; the recompute
                   plan counts the copies)
   merged          cast_once with merged_projections: q/k/v and gate/up as one GEMM each (the same
-                  copy bytes, so the same recompute plan)
+                  copy bytes, so the same recompute plan): the trainer's defaults
 Cases (fixed seeds):
   short  64 kept sequences, 32 prompts x 2 samples, 470-token prompt + 150..220-token responses
          (~660 tokens each, the shape of a capped-response run)

@@ -6,7 +6,8 @@ Run: `pytest benchmarks/test_bench_rl_phase.py --benchmark-only` (CUDA only).
 Providers:
   oreal_fast        our packed decoder (fp32 masters, bf16 autocast, varlen attention), the fused
                     trunk ops (`TRAIN_OPS`), the trainer's recompute plan for this micro-batch under a
-                    40 GiB cap, linear_logprob + the eager OREAL loss (the trainer's defaults)
+                    40 GiB cap, linear_logprob + the eager OREAL loss, autocast casting the weights in
+                    every forward (weights_cast_once off)
   oreal_fast_fused  the same with loss_kernel fused_oreal_loss (the loss inside the LM-head kernel)
   trunk_eager       oreal_fast with the eager trunk ops (and their own recompute plan)
   oreal_fast_eager  the same with every kernel's eager twin (chunked full-vocabulary logits, eager trunk)
@@ -16,7 +17,7 @@ Providers:
                     the copies are made inside every timed call, since here one micro-batch is the
                     whole phase: the least a phase of several micro-batches amortises the cast over
   merged            cast_once with merged_projections: q/k/v and gate/up as one GEMM each (the same
-                    copy bytes, so the same recompute plan)
+                    copy bytes, so the same recompute plan): the trainer's defaults
   hf_plain          transformers Qwen2ForCausalLM x 3 the plain way: full [B, L, V] logits,
                     gradient checkpointing, log_softmax + gather, the same OREAL math after that
 Cases: 2 sequences of L tokens (512 prompt + L - 512 response), L in {4096, 16384}; hf_plain runs

@@ -113,7 +113,8 @@ class RLSettings:
         """What every micro-step needs of the config, built once per run."""
         return cls(LossCoefficients.from_config(cfg), TokenWeightRule.from_config(cfg), precision,
                    impl=resolve_kernel_impl(cfg.loss_impl, precision.device), loss_kernel=cfg.loss_kernel,
-                   weights_cast_once=cfg.weights_cast_once, merged_projections=cfg.merged_projections)
+                   weights_cast_once=cfg.weights_cast_once,
+                   merged_projections=cfg.merged_projections and cfg.weights_cast_once)
 
     def weight_casts(self, models: RLModels, dp: DataParallel) -> contextlib.AbstractContextManager:
         """The trained models' weights cast once for a phase (``cast_once``) when asked for and useful:

@@ -292,7 +292,9 @@ def test_after_a_merged_phase_the_models_train_as_before():
 
 def test_merged_projections_need_weights_cast_once():
     with pytest.raises(ValueError, match="merged_projections needs weights_cast_once"):
-        _settings(False, merged=True)
+        dataclasses.replace(_settings(True, merged=True), weights_cast_once=False)
+    # from a config, the merge (on by default) follows weights_cast_once: off with it
+    assert not _settings(False, merged=True).merged_projections
 
 
 @pytest.mark.parametrize("fused", [False, True])

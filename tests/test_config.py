@@ -7,8 +7,11 @@ import textwrap
 import types
 
 import pytest
+import torch
 
 from oreal_fast.config import ConfigError, TrainConfig, load_config, validate_stop_word
+from oreal_fast.rl_step import RLSettings
+from oreal_fast.runtime import Precision
 from oreal_fast.train import main
 
 from base_config import BASE, ROOT
@@ -132,7 +135,7 @@ BAD = [
     ("selective_recompute = 1.5", "selective_recompute", "None or [0, 1]"),
     ("loss_kernel = 'cce'", "loss_kernel", "linear_logprob, fused_oreal_loss"),
     ("rl_micro_batch_tokens = -1", "rl_micro_batch_tokens", ">= 0"),
-    ("merged_projections = True", "merged_projections", "True needs weights_cast_once = True"),
+    ("weights_cast_once = False\nmerged_projections = True", "merged_projections", "True needs weights_cast_once = True"),
     ("device = 'tpu'", "device", "auto, cpu, cuda"),
     ("resume = '/no/such/checkpoint'", "resume", "does not exist"),
     ("max_prompts = 0", "max_prompts", ">= 1"),
@@ -228,7 +231,11 @@ def test_a_run_that_ends_within_the_warmup_loads(tmp_path, extra, overrides):
 def test_merged_projections_load_with_weights_cast_once(tmp_path):
     cfg = load_config(_write(tmp_path, "weights_cast_once = True\nmerged_projections = True\n"))
     assert cfg.weights_cast_once and cfg.merged_projections
-    assert not load_config(_write(tmp_path)).merged_projections  # off by default
+    default = load_config(_write(tmp_path))
+    assert default.weights_cast_once and default.merged_projections  # on by default
+    # weights_cast_once off alone turns the merge off with it (the merged GEMMs run on its copies)
+    alone = load_config(_write(tmp_path, "weights_cast_once = False\n"))
+    assert not RLSettings.from_config(alone, Precision(torch.device("cpu"), torch.float32)).merged_projections
     with pytest.raises(ConfigError, match=r"merged_projections in .* \(set on the command line\): True needs "
                                           r"weights_cast_once = True"):
         load_config(_write(tmp_path, "weights_cast_once = True\n"), {"weights_cast_once": False,

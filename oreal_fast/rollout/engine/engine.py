@@ -94,7 +94,9 @@ class EngineConfig:
     keep_cache: bool = True  # keep pool, logits buffer and graphs between calls [rollout_keep_cache]
     watermark: float = 0.01  # share of the pool admission leaves free, as vLLM's block-manager watermark
     decode_steps_per_round: int = 16  # decode steps per host round trip [decode_steps_per_round]
-    gemv_max_tokens: int = 0  # forwards of at most this many tokens run the few-token GEMV layers (CUDA)
+    # forwards of at most this many tokens run the few-token GEMV layers (CUDA): they win at one token
+    # (decode step 1.01 vs 1.13 GPU ms on an H100) and lose from four on (benchmarks/RESULTS.md)
+    gemv_max_tokens: int = 1
 
     def __post_init__(self) -> None:
         if self.decode_steps_per_round < 1:

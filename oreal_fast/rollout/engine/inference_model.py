@@ -29,9 +29,10 @@ to 9 (cuBLAS adds split-K reductions at small T):
     a, r   = norm_linear(x, r, mlp_norm, Wgate_up, swiglu=True)   # silu(g) * u in the epilogue
     x      = linear_partials(a, Wdown)
 
-ending with `add_rms_norm_partials(x, r, norm)`. The default threshold 0 keeps every forward on
-the layer above until a GPU measurement (`benchmarks/test_bench_decode_gemv.py`) sets it; a
-decode CUDA graph's batch bucket fixes its T, so each graph takes one path.
+ending with `add_rms_norm_partials(x, r, norm)`. The caller sets the threshold (the engine's
+`EngineConfig.gemv_max_tokens`, 1: on an H100 the path wins at one token and loses from four,
+benchmarks/test_bench_decode_gemv.py); a decode CUDA graph's batch bucket fixes its T, so each
+graph takes one path.
 
 Not here: training (no autograd; the trained model is the Decoder), the KV pool and attention
 (`model_runner`), sampling. Kernels run as Triton on CUDA (`impl="triton"`) and as their eager
@@ -131,7 +132,7 @@ class InferenceModel(nn.Module):
         device, dtype: where and in what dtype the weights (and so the activations) live.
         impl: "triton" (CUDA, or CPU under TRITON_INTERPRET=1) or "eager": the trunk ops' implementation.
         gemv_max_tokens: with impl "triton", forwards of at most this many tokens run the few-token
-            GEMV layers (module docstring); 0 (the default) never does.
+            GEMV layers (module docstring); 0 (this class's default) never does.
     """
 
     def __init__(self, config: DecoderConfig, *, device: torch.device | str, dtype: torch.dtype, impl: str,
