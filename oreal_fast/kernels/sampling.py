@@ -771,15 +771,7 @@ def _sample(logits: torch.Tensor, uniform: torch.Tensor, temperature: float, top
                                    c2, c2r, NB=nb, LP=lp, CHUNK=cfg.chunk, UNIT_MASS=unit_mass,
                                    num_warps=warps)
     if use_k or use_p:
-        plan, above = torch.empty((B, 4), **f32), torch.empty((B, num_chunks), **f32)
-        xs = torch.empty((B, cfg.cap), **f32)
-        ids = torch.empty((B, cfg.cap), dtype=torch.int32, device=dev)
-        _plan_kernel[(B,)](m_c, s_c, cum, plan, num_chunks, c2, c2r, cfg.units_per_log2, top_k,
-                           top_p, float(cfg.budget), TOP_K=use_k, NB=nb, LP=lp, C_PAD=c_pad,
-                           num_warps=2 if dev.type == "cuda" else 1)
-        _compact_kernel[(B, num_chunks)](logits, plan, above, count, xs, ids, V, logits.stride(0),
-                                         num_chunks, c2, CHUNK=cfg.chunk, CAP=cfg.cap,
-                                         num_warps=warps)
+        plan, above, xs, ids = _bracket(logits, m_c, s_c, cum, count, top_k, top_p, c2, c2r, cfg)
     else:
         plan = above = xs = ids = m_c  # not read without a filter
     on_cuda = dev.type == "cuda"
@@ -793,6 +785,28 @@ def _sample(logits: torch.Tensor, uniform: torch.Tensor, temperature: float, top
         num_warps=cfg.draw_warps,
     )
     return tokens, resolved, token_lp
+
+
+def _bracket(logits: torch.Tensor, m_c: torch.Tensor, s_c: torch.Tensor, cum: torch.Tensor, count: torch.Tensor,
+             top_k: int, top_p: float, c2: float, c2r: float, cfg: _Config
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sweep 2 of a filtered draw: each row's plan (the bracket from the histogram), then the mass above
+    it per chunk and the bracket's tokens compacted (module docstring). Returns plan [B, 4], above
+    [B, chunks], xs [B, cap] fp32 and ids [B, cap] int32."""
+    (B, V), dev = logits.shape, logits.device
+    num_chunks = m_c.shape[1]
+    f32 = dict(dtype=torch.float32, device=dev)
+    plan, above = torch.empty((B, 4), **f32), torch.empty((B, num_chunks), **f32)
+    xs = torch.empty((B, cfg.cap), **f32)
+    ids = torch.empty((B, cfg.cap), dtype=torch.int32, device=dev)
+    _plan_kernel[(B,)](m_c, s_c, cum, plan, num_chunks, c2, c2r, cfg.units_per_log2, top_k,
+                       top_p, float(cfg.budget), TOP_K=0 < top_k < V, NB=cfg.num_bins,
+                       LP=cfg.bins_per_doubling.bit_length() - 1, C_PAD=max(2, triton.next_power_of_2(num_chunks)),
+                       num_warps=2 if dev.type == "cuda" else 1)
+    _compact_kernel[(B, num_chunks)](logits, plan, above, count, xs, ids, V, logits.stride(0),
+                                     num_chunks, c2, CHUNK=cfg.chunk, CAP=cfg.cap,
+                                     num_warps=cfg.sweep_warps)
+    return plan, above, xs, ids
 
 
 def _check_args(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,

@@ -174,7 +174,22 @@ class ModelRunner:
                                     gemv_max_tokens=gemv_max_tokens).eval()
         self.prefill_backend = make_backend(resolve_backend_name("auto", device, dtype))
         self.sync_weights(full_weights(actor))
-        R, M = max_num_seqs, self.max_blocks_per_seq
+        self._allocate_row_state(steps_per_round)
+        self.kv: torch.Tensor | None = None
+        self.generated: torch.Tensor | None = None
+        self.generated_logprobs: torch.Tensor | None = None
+        self.sampling: SamplingParams | None = None
+        self.stop_ids = torch.zeros(0, dtype=torch.int64, device=device)
+        self._stop_ids: dict[tuple[int, ...], torch.Tensor] = {}  # one tensor per stop set, as graphs read it
+        self.buckets = batch_buckets(max_num_seqs)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.tail_graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self._graph_pool = None
+        self.logits: torch.Tensor | None = None
+
+    def _allocate_row_state(self, steps_per_round: int) -> None:
+        """The rows' device state and a round's (module docstring), every row zero and done."""
+        R, M, device = self.max_num_seqs, self.max_blocks_per_seq, self.device
         zeros = lambda *shape, dtype=torch.int64: torch.zeros(shape, dtype=dtype, device=device)  # noqa: E731
         self.input_ids, self.positions, self.num_new = zeros(R), zeros(R), zeros(R)
         self.limits, self.out_rows = zeros(R), zeros(R)
@@ -188,17 +203,6 @@ class ModelRunner:
         self.round_tokens = zeros(steps_per_round, R)
         self.round_logprobs = torch.zeros(steps_per_round, R, dtype=torch.float32, device=device)
         self.num_rows = 0
-        self.kv: torch.Tensor | None = None
-        self.generated: torch.Tensor | None = None
-        self.generated_logprobs: torch.Tensor | None = None
-        self.sampling: SamplingParams | None = None
-        self.stop_ids = zeros(0)
-        self._stop_ids: dict[tuple[int, ...], torch.Tensor] = {}  # one tensor per stop set, as graphs read it
-        self.buckets = batch_buckets(max_num_seqs)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.tail_graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
-        self._graph_pool = None
-        self.logits: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ memory
 
