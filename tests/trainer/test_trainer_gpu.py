@@ -127,7 +127,8 @@ def test_a_step_past_the_memory_cap_ends_in_one_line_and_a_full_pool_preempts(tm
     err = capsys.readouterr().err
     assert e.value.code == OUT_OF_MEMORY_EXIT and "Traceback" not in err
     line = err.strip().splitlines()[-1]
-    print(line)  # shown with pytest -rP: the line a user sees
+    with capsys.disabled():
+        print(f"\nthe line a user sees: {line}")
     assert line.startswith("out of GPU memory in step 2, phase rl: peak ") and "cap 2 GiB (gpu_memory_limit_gib)" in line
     assert "resume state state-1.pt (1 step(s) done) is on disk" in line
     (run_name,) = os.listdir(tmp_path / "work")
