@@ -44,10 +44,15 @@ def _low_eps(dtype):
 
 
 @pytest.fixture(autouse=True)
-def fp32_gemm_sums(monkeypatch):
+def fp32_gemm_sums():
     """The twins' GEMMs sum in fp32 throughout, as the kernels do (cuBLAS may otherwise add bf16
-    split-K partials in bf16)."""
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_bf16_reduced_precision_reduction", False)
+    split-K partials in bf16). Saved and restored by hand: the setting is a property of torch's
+    cuBLAS module, which pytest's monkeypatch (9.2) cannot restore."""
+    matmul = torch.backends.cuda.matmul
+    saved = matmul.allow_bf16_reduced_precision_reduction
+    matmul.allow_bf16_reduced_precision_reduction = False
+    yield
+    matmul.allow_bf16_reduced_precision_reduction = saved
 
 
 def _assert_within(got, ref, bound, rounded_once=None):

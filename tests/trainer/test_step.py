@@ -159,7 +159,8 @@ def test_shuffle_rewards_permutes_each_steps_rewards_before_the_advantages(tmp_p
 
 def test_weights_cast_once_trains_bit_for_bit_as_autocast(tmp_path, tiny_model_dir, perturbed_actor_dir, prompt_file,
                                                          monkeypatch):
-    """``weights_cast_once`` is a speed switch only: two steps under bf16 autocast, two micro-batches a
+    """``weights_cast_once`` (without its merged projections, which sum in another order) is a speed switch
+    only: two steps under bf16 autocast, two micro-batches a
     step (one sequence each), give the same losses, gradient norms and trained weights, bit for bit
     (why bitwise: tests/test_cast_once.py). The config refuses bf16 on CPU (slow there); CPU autocast
     runs it, so the runtime's compute dtype is patched to bf16."""
@@ -171,7 +172,8 @@ def test_weights_cast_once_trains_bit_for_bit_as_autocast(tmp_path, tiny_model_d
         folder = tmp_path / f"cast_once_{cast_once}"
         folder.mkdir()
         cfg = load_config(write_config(folder, perturbed_actor_dir, tiny_model_dir, prompt_file, rl_mirco_batch=1,
-                                       rl_micro_batch_tokens=0, weights_cast_once=cast_once))
+                                       rl_micro_batch_tokens=0, weights_cast_once=cast_once,
+                                       merged_projections=False))
         trainer = make_trainer(cfg)
         assert trainer.runtime.compute_dtype == torch.bfloat16
         metrics = [trainer.step(0), trainer.step(1)]
