@@ -1,12 +1,21 @@
 """The tables and figures of docs/evidence.md, from run folders.
 
     python scripts/evidence.py run    OUT_DIR [--seeds 0,1,2]   # CPU section: trains configs/demo_long.py per seed
+    python scripts/evidence.py gpu    OUT_DIR [--seconds S] [--cap_gib G] [--names seed1,lr0] [--extra="--KEY V ..."]
     python scripts/evidence.py plot   OUT_DIR [--png docs/evidence.png]
     python scripts/evidence.py report OUT_DIR [--gpu NAME] [--png docs/evidence_gpu.png]
     python scripts/evidence.py report --runs seed1=DIR,seed2=DIR,lr0=DIR [...]
 
 ``run`` starts ``python -m oreal_fast.train configs/demo_long.py --seed S --work_dir OUT_DIR/seedS``
 for each seed and appends ``{"seed", "wall_s", "rc"}`` to ``OUT_DIR/times.jsonl`` as each finishes.
+``gpu`` starts the GPU section's five runs of ``configs/evidence_gpu.py`` side by side on one GPU
+(``GPU_RUNS``: three seeds and the two controls), each in ``OUT_DIR/NAME`` with its log in
+``OUT_DIR/NAME.log`` and at most ``cap_gib`` of GPU memory, each resumed (``--resume auto``) when its
+folder holds a resume state; ``extra`` is added to every command (the model's path, exported
+problem files). After ``seconds`` each run still going gets SIGTERM (it stops at its next safe
+point and writes a resume state; SIGKILL after ``GRACE_S``), so a run longer than one sitting
+continues with the same command. It prints each run's steps done and exit code.
+
 ``plot`` reads each seed's run folder (``validation.jsonl`` and ``rank0.log.jsonl``), draws
 held-out greedy accuracy, train reward and response length against the step, and prints the
 Markdown table of the CPU section (accuracy at each validation, train reward over thirds of the
@@ -29,6 +38,8 @@ import json
 import math
 import os
 import re
+import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -61,6 +72,72 @@ def run(out_dir: str, seeds: str | tuple | int = "0,1,2") -> None:
             f.write(json.dumps({"seed": seed, "wall_s": round(time.perf_counter() - t0, 1), "rc": rc}) + "\n")
         if rc != 0:
             raise SystemExit(f"seed {seed}: the trainer exited with {rc}")
+
+
+# the GPU section's runs: name -> the trainer's arguments beside configs/evidence_gpu.py
+GPU_RUNS = {
+    "seed1": ["--seed", "1"],
+    "seed2": ["--seed", "2"],
+    "seed3": ["--seed", "3"],
+    "lr0": ["--seed", "1", "--actor_lr", "0", "--actor_min_lr", "0"],
+    "shuffled": ["--seed", "1", "--shuffle_rewards", "True"],
+}
+GRACE_S = 300  # after SIGTERM: a run finishes its step (and a validation) before it writes its state
+
+
+def gpu_commands(out_dir: str, cap_gib: float, names: list[str], extra: str = "") -> dict[str, list[str]]:
+    """The trainer command of each named run (``GPU_RUNS``), resumed where its folder has a resume state."""
+    unknown = [n for n in names if n not in GPU_RUNS]
+    if unknown:
+        raise ValueError(f"no evidence run {unknown[0]!r}; the runs: {', '.join(GPU_RUNS)}")
+    commands = {}
+    for name in names:
+        work = os.path.join(out_dir, name)
+        resume = ["--resume", "auto"] if glob.glob(os.path.join(work, "*", "resume", "*.json")) else []
+        commands[name] = [sys.executable, "-m", "oreal_fast.train", os.path.join(REPO, "configs", "evidence_gpu.py"),
+                          *GPU_RUNS[name], "--gpu_memory_limit_gib", str(cap_gib), "--work_dir", work, *resume,
+                          *shlex.split(extra)]
+    return commands
+
+
+def gpu(out_dir: str, seconds: float = 540, cap_gib: float = 14, names: str | tuple = ",".join(GPU_RUNS),
+        extra: str = "") -> None:
+    """The GPU section's runs side by side, for at most ``seconds`` this sitting (module docstring)."""
+    names = list(names.split(",") if isinstance(names, str) else names)
+    try:
+        commands = gpu_commands(out_dir, cap_gib, names, extra)
+    except ValueError as e:
+        print(f"evidence gpu: {e}", file=sys.stderr)
+        sys.exit(2)
+    os.makedirs(out_dir, exist_ok=True)
+    procs = {}
+    for name, cmd in commands.items():
+        print("+", shlex.join(cmd), flush=True)
+        with open(os.path.join(out_dir, f"{name}.log"), "a", encoding="utf-8") as log:
+            procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + seconds
+    for proc in procs.values():
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs.values():
+        try:
+            proc.wait(timeout=GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    for name, proc in procs.items():
+        steps = sum(1 for _ in open(p)) if (p := _metrics_file(os.path.join(out_dir, name))) else 0
+        print(f"{name}: {steps} steps done, exit {proc.returncode}")
+
+
+def _metrics_file(work: str) -> str | None:
+    found = glob.glob(os.path.join(work, "*", "rank0.log.jsonl"))
+    return max(found, key=os.path.getmtime) if found else None
 
 
 def _mean(xs: list[float]) -> float:
@@ -398,4 +475,4 @@ def report(out_dir: str | None = None, runs: str | tuple | None = None, gpu: str
 
 
 if __name__ == "__main__":
-    fire.Fire({"run": run, "plot": plot, "report": report})
+    fire.Fire({"run": run, "gpu": gpu, "plot": plot, "report": report})
