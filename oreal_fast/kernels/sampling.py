@@ -110,6 +110,15 @@ class _Config:
     sweep_warps: int
     draw_warps: int
 
+    @property
+    def log2_bins_per_doubling(self) -> int:
+        return self.bins_per_doubling.bit_length() - 1
+
+
+def _chunks_pad(num_chunks: int) -> int:
+    """The per-row chunk vectors' padded width (a power of two, at least 2)."""
+    return max(2, triton.next_power_of_2(num_chunks))
+
 
 # Picked for V = 151936 in bf16 from a study of the bracket on synthetic rows (normal with spread
 # 0.1-6, Zipf, Gumbel, a few tokens far above the rest; top-p 0.5-0.99, temperature 0.7-1.3): the
@@ -755,8 +764,8 @@ def _sample(logits: torch.Tensor, uniform: torch.Tensor, temperature: float, top
     if B == 0:
         return tokens, resolved, token_lp
     num_chunks = -(-V // cfg.chunk)
-    c_pad = max(2, triton.next_power_of_2(num_chunks))
-    nb, lp = cfg.num_bins, cfg.bins_per_doubling.bit_length() - 1
+    c_pad = _chunks_pad(num_chunks)
+    nb, lp = cfg.num_bins, cfg.log2_bins_per_doubling
     use_k, use_p = 0 < top_k < V, top_p < 1.0
     c2 = _LOG2E / temperature
     c2r = c2 * cfg.units_per_log2
@@ -771,7 +780,7 @@ def _sample(logits: torch.Tensor, uniform: torch.Tensor, temperature: float, top
                                    c2, c2r, NB=nb, LP=lp, CHUNK=cfg.chunk, UNIT_MASS=unit_mass,
                                    num_warps=warps)
     if use_k or use_p:
-        plan, above, xs, ids = _bracket(logits, m_c, s_c, cum, count, top_k, top_p, c2, c2r, cfg)
+        plan, above, xs, ids = _bracket(logits, m_c, s_c, cum, count, top_k, top_p, use_k, c2, c2r, cfg)
     else:
         plan = above = xs = ids = m_c  # not read without a filter
     on_cuda = dev.type == "cuda"
@@ -788,7 +797,7 @@ def _sample(logits: torch.Tensor, uniform: torch.Tensor, temperature: float, top
 
 
 def _bracket(logits: torch.Tensor, m_c: torch.Tensor, s_c: torch.Tensor, cum: torch.Tensor, count: torch.Tensor,
-             top_k: int, top_p: float, c2: float, c2r: float, cfg: _Config
+             top_k: int, top_p: float, use_k: bool, c2: float, c2r: float, cfg: _Config
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sweep 2 of a filtered draw: each row's plan (the bracket from the histogram), then the mass above
     it per chunk and the bracket's tokens compacted (module docstring). Returns plan [B, 4], above
@@ -800,9 +809,8 @@ def _bracket(logits: torch.Tensor, m_c: torch.Tensor, s_c: torch.Tensor, cum: to
     xs = torch.empty((B, cfg.cap), **f32)
     ids = torch.empty((B, cfg.cap), dtype=torch.int32, device=dev)
     _plan_kernel[(B,)](m_c, s_c, cum, plan, num_chunks, c2, c2r, cfg.units_per_log2, top_k,
-                       top_p, float(cfg.budget), TOP_K=0 < top_k < V, NB=cfg.num_bins,
-                       LP=cfg.bins_per_doubling.bit_length() - 1, C_PAD=max(2, triton.next_power_of_2(num_chunks)),
-                       num_warps=2 if dev.type == "cuda" else 1)
+                       top_p, float(cfg.budget), TOP_K=use_k, NB=cfg.num_bins, LP=cfg.log2_bins_per_doubling,
+                       C_PAD=_chunks_pad(num_chunks), num_warps=2 if dev.type == "cuda" else 1)
     _compact_kernel[(B, num_chunks)](logits, plan, above, count, xs, ids, V, logits.stride(0),
                                      num_chunks, c2, CHUNK=cfg.chunk, CAP=cfg.cap,
                                      num_warps=cfg.sweep_warps)
