@@ -77,7 +77,7 @@ import triton
 import triton.language as tl
 
 from oreal_fast.kernels.common import TRITON_DTYPES, check_eager_impl, check_impl, multiprocessor_count, tiles_for
-from oreal_fast.kernels.trunk_inference import add_rms_norm_eager, silu_mul_eager
+from oreal_fast.kernels.trunk_inference import add_rms_norm_eager, rms_norm_rounded, silu_mul_eager, silu_mul_rounded
 
 # K columns per partial sum of `linear_partials` (a power of two): the down projection (K 4864)
 # gets 3 splits, the o projection (K 896) 1; one split is one program's tile width.
@@ -120,9 +120,7 @@ def _residual_tile(X_ptr, R_ptr, t, h, mask, stride_xs, stride_xt, stride_r, dty
 def _rms_norm_tile(x, NormW_ptr, h, hmask, H, eps, dtype: tl.constexpr, AXIS: tl.constexpr):
     """rms_norm along AXIS (x's last) of x (fp32 holding dtype values), as dtype values in fp32."""
     w = tl.load(NormW_ptr + h, mask=hmask, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, AXIS, keep_dims=True) / H + eps)
-    normed = (x * rstd).to(dtype).to(tl.float32)  # rounded before the weight, as eager rounds it
-    return (w * normed).to(dtype).to(tl.float32)
+    return rms_norm_rounded(x, w, H, eps, dtype, AXIS).to(dtype).to(tl.float32)
 
 
 @triton.jit
@@ -167,9 +165,7 @@ def _norm_linear_kernel(X_ptr, R_ptr, NormW_ptr, W_ptr, B_ptr, Y_ptr, ROut_ptr,
             if HAS_BIAS:
                 u += b_up
             # gate and up rounded as the GEMM's output, silu rounded as its own op's output
-            g = y.to(dtype).to(tl.float32)
-            silu = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
-            y = silu * u.to(dtype).to(tl.float32)
+            y = silu_mul_rounded(y.to(dtype).to(tl.float32), u.to(dtype).to(tl.float32), dtype)
         tl.store(Y_ptr + t_2d * stride_y + n_2d, y.to(dtype), mask=(t_2d < T) & (n_2d < N))
 
 

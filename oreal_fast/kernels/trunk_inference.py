@@ -61,6 +61,25 @@ IMPLS = ("triton", "eager")
 _SILU_BLOCK = 1024
 
 
+# ------------------------------------------------------------- the math the kernels share
+# (here and in `decode_gemv`, whose fused layers must round exactly as these ops do)
+
+@triton.jit
+def rms_norm_rounded(x, w, H, eps, dtype: tl.constexpr, AXIS: tl.constexpr):
+    """w * rms_norm(x) along AXIS, in fp32, from fp32 x holding dtype values and the fp32 weight: the
+    normalised row is rounded to dtype before the weight multiplies it, as eager rounds it (the
+    caller rounds the product)."""
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, AXIS, keep_dims=True) / H + eps)
+    return w * (x * rstd).to(dtype).to(tl.float32)
+
+
+@triton.jit
+def silu_mul_rounded(g, u, dtype: tl.constexpr):
+    """silu(g) * u in fp32 from fp32 g and u: silu's output rounded to dtype first, as eager rounds it
+    (the caller rounds the product)."""
+    return (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32) * u
+
+
 # ---------------------------------------------------------------------------------- RMSNorm
 
 @triton.jit
@@ -78,9 +97,7 @@ def _add_rms_norm_kernel(X_ptr, R_ptr, W_ptr, Out_ptr, ROut_ptr, H, stride_x, st
         tl.store(ROut_ptr + row * H + offs, x, mask=mask)
         x = x.to(tl.float32)
     w = tl.load(W_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, 0) / H + eps)
-    normed = (x * rstd).to(dtype).to(tl.float32)  # rounded before the weight
-    tl.store(Out_ptr + row * stride_out + offs, (w * normed).to(dtype), mask=mask)
+    tl.store(Out_ptr + row * stride_out + offs, rms_norm_rounded(x, w, H, eps, dtype, 0).to(dtype), mask=mask)
 
 
 def _check_norm(name: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor) -> None:
@@ -273,8 +290,7 @@ def _silu_mul_kernel(G_ptr, U_ptr, Out_ptr, N, stride_g, stride_u, stride_out, B
     dtype = Out_ptr.dtype.element_ty
     g = tl.load(G_ptr + row * stride_g + offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(U_ptr + row * stride_u + offs, mask=mask, other=0.0).to(tl.float32)
-    silu = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)  # eager rounds silu's output
-    tl.store(Out_ptr + row * stride_out + offs, (silu * u).to(dtype), mask=mask)
+    tl.store(Out_ptr + row * stride_out + offs, silu_mul_rounded(g, u, dtype).to(dtype), mask=mask)
 
 
 def silu_mul_eager(gate: torch.Tensor, up: torch.Tensor, *, impl: str = "eager") -> torch.Tensor:
