@@ -100,33 +100,21 @@ def cast_numel(model: nn.Module) -> int:
     return linear + sum(d.embed.weight.numel() for d in _tied_heads(model))
 
 
-def _accumulate(master: torch.Tensor, grad: torch.Tensor) -> None:
-    """``master.grad`` += grad (compute dtype), in the master's dtype, as autocast's cast-backward would."""
-    if master.grad is None:
-        master.grad = grad.to(master.dtype)
-    else:
-        master.grad.add_(grad)  # fp32 += bf16 adds the exact fp32 value of each bf16 element
-
-
-def _add_into(master: torch.Tensor) -> Callable[[torch.Tensor], None]:
-    """Post-accumulate hook of a copy: its gradient, in fp32, added into ``master.grad``; the copy's freed."""
-
-    def hook(copy: torch.Tensor) -> None:
-        _accumulate(master, copy.grad)
-        copy.grad = None
-
-    return hook
-
-
-def _split_into(masters: list[torch.Tensor]) -> Callable[[torch.Tensor], None]:
-    """Post-accumulate hook of a merged copy: its gradient split by rows, each part added in fp32 into
-    its master's ``.grad``; the copy's freed."""
+def _add_into(masters: list[torch.Tensor]) -> Callable[[torch.Tensor], None]:
+    """Post-accumulate hook of a copy of ``masters`` stacked by rows (of one master: a plain copy): each
+    master's rows of its gradient added into that master's ``.grad`` in the master's dtype, as
+    autocast's cast-backward would (fp32 += bf16 adds the exact fp32 value of each bf16 element);
+    the copy's gradient freed."""
     sizes = [m.shape[0] for m in masters]
 
     def hook(copy: torch.Tensor) -> None:
         for master, grad in zip(masters, copy.grad.split(sizes)):
-            if master.requires_grad:
-                _accumulate(master, grad)
+            if not master.requires_grad:
+                continue
+            if master.grad is None:
+                master.grad = grad.to(master.dtype)
+            else:
+                master.grad.add_(grad)
         copy.grad = None
 
     return hook
@@ -134,7 +122,7 @@ def _split_into(masters: list[torch.Tensor]) -> Callable[[torch.Tensor], None]:
 
 def _merged_copy(masters: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
     """One compute-dtype leaf of the masters stacked by rows, written slice by slice (no fp32 temporary);
-    its `_split_into` hook set when any master trains."""
+    its `_add_into` hook set when any master trains."""
     copy = torch.empty((sum(m.shape[0] for m in masters), *masters[0].shape[1:]), dtype=dtype,
                        device=masters[0].device)
     start = 0
@@ -142,7 +130,7 @@ def _merged_copy(masters: list[torch.Tensor], dtype: torch.dtype) -> torch.Tenso
         copy[start:start + m.shape[0]].copy_(m.detach())
         start += m.shape[0]
     if any(m.requires_grad for m in masters):
-        copy.requires_grad_(True).register_post_accumulate_grad_hook(_split_into(masters))
+        copy.requires_grad_(True).register_post_accumulate_grad_hook(_add_into(masters))
     return copy
 
 
@@ -197,7 +185,7 @@ def weights_cast_once(models: list[nn.Module], dtype: torch.dtype, merge: bool =
                 master = getattr(module, name)
                 copy = nn.Parameter(master.detach().to(dtype), requires_grad=master.requires_grad)
                 if master.requires_grad:
-                    copy.register_post_accumulate_grad_hook(_add_into(master))
+                    copy.register_post_accumulate_grad_hook(_add_into([master]))
                 swapped.append((module, name, master))
                 setattr(module, name, copy)
             for decoder in _tied_heads(model):
