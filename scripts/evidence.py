@@ -131,13 +131,16 @@ def gpu(out_dir: str, seconds: float = 540, cap_gib: float = 14, names: str | tu
             proc.kill()
             proc.wait()
     for name, proc in procs.items():
-        steps = sum(1 for _ in open(p)) if (p := _metrics_file(os.path.join(out_dir, name))) else 0
-        print(f"{name}: {steps} steps done, exit {proc.returncode}")
+        print(f"{name}: {_steps_done(os.path.join(out_dir, name))} steps done, exit {proc.returncode}")
 
 
-def _metrics_file(work: str) -> str | None:
-    found = glob.glob(os.path.join(work, "*", "rank0.log.jsonl"))
-    return max(found, key=os.path.getmtime) if found else None
+def _steps_done(work: str) -> int:
+    """Rows in the metrics of the newest run folder under ``work`` (0 before its first step)."""
+    try:
+        with open(find_metrics_file(work), encoding="utf-8") as f:
+            return sum(1 for _ in f)
+    except FileNotFoundError:
+        return 0
 
 
 def _mean(xs: list[float]) -> float:
