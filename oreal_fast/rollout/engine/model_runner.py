@@ -154,7 +154,7 @@ class ModelRunner:
 
     def __init__(self, actor: Decoder, *, dtype: torch.dtype, num_blocks: int, block_size: int,
                  max_num_seqs: int, max_model_len: int, cuda_graph: bool, steps_per_round: int,
-                 gemv_max_tokens: int = 0) -> None:
+                 gemv_max_tokens: int) -> None:
         device = actor.embed.weight.device
         self.device, self.dtype, self.block_size = device, dtype, block_size
         self.num_blocks, self.max_num_seqs = num_blocks, max_num_seqs
