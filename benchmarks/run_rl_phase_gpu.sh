@@ -3,9 +3,8 @@
 #   OUT=results_dir bash benchmarks/run_rl_phase_gpu.sh
 #   gpu_tests.log      bf16 parity of the trainable trunk kernels at real shapes (tests/kernels/test_trunk_train.py),
 #                      the RL phase with no host sync and TRAIN_OPS training as the eager ops
-#                      and weights_cast_once giving autocast's gradients (tests/trainer/test_rl_phase_gpu.py),
-#                      merged_projections giving the separate projections' gradients, no host sync with it
-#                      (tests/trainer/test_merged_projections_gpu.py),
+#                      and weights_cast_once giving autocast's gradients, merged_projections giving the
+#                      separate projections' gradients (tests/trainer/test_rl_phase_gpu.py),
 #                      the activation formula against what autograd saves with varlen attention
 #                      (tests/test_recompute.py)
 #   rl_loop.json       test_bench_rl_loop.py, our split with and without weights_cast_once, and with it and
@@ -31,8 +30,7 @@ fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" \
   | tee "$OUT/env.txt"
-for t in tests/kernels/test_trunk_train.py tests/trainer/test_rl_phase_gpu.py tests/trainer/test_merged_projections_gpu.py \
-    tests/test_recompute.py; do
+for t in tests/kernels/test_trunk_train.py tests/trainer/test_rl_phase_gpu.py tests/test_recompute.py; do
   timeout 60 python3 -m pytest "$t" -q -ra -p no:cacheprovider 2>&1 | tail -n 15 | tee -a "$OUT/gpu_tests.log"
 done
 bench() {  # file, -k expression, output name, time limit
