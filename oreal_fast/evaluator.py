@@ -175,9 +175,11 @@ class EvalResult:
     def problem_rows(self) -> list[dict[str, Any]]:
         """One row per problem, in the evaluation's order, for comparing two evaluations of the
         same problems problem by problem: ``question``, ``greedy_correct``, ``num_correct`` of
-        ``num_samples`` (= n; 0 = greedy only)."""
+        ``num_samples`` (= n; 0 = greedy only), and ``gold_answer`` and ``greedy_response`` to read
+        what was judged (a verdict that looks too good is checked by reading the responses)."""
         return [{"question": p.question, "greedy_correct": p.greedy_correct, "num_correct": p.num_correct,
-                 "num_samples": self.samples_per_problem} for p in self.problems]
+                 "num_samples": self.samples_per_problem, "gold_answer": p.gold_answer,
+                 "greedy_response": p.greedy_response} for p in self.problems]
 
     def estimates(self) -> dict[str, Estimate]:
         """``greedy pass@1`` (Wilson interval) and, when n samples per problem were drawn, ``mean@n``

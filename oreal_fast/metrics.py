@@ -7,7 +7,8 @@ Writes, under one run folder:
                            it, 0 = the initial actor), then the ``val_*`` metrics (also in the text
                            log and the trackers)
   ``validation_problems/step-{N}.jsonl``  the validation after N steps, one line per problem (its
-                           question, greedy verdict and correct samples), to pair two validations
+                           question, gold answer, greedy response and verdict, correct samples), to
+                           pair two validations and to read what was judged
   ``trajectories/step.{i}.jsonl`` and ``.log``  the kept trajectories of step i (5.2)
 and sends every numeric metric of each step and validation to the trackers ``report_to`` names
 (``tracking``: TensorBoard's ``tensorboard/`` by default, wandb, trackio).

@@ -5,7 +5,9 @@
 For each task, ``--problems`` problems are drawn as a ``{"reasoning_gym": ..., "seed": 0}`` source draws them,
 and each gold answer gives candidate answers: the gold as written, other writings of the same value
 (``\\frac{a}{b}`` for ``a/b``, ``1,234`` for ``1234``, ``x = 5`` for ``5``, ...) and plausible wrong values
-(off by one, sign, x100, a 0.001 % error, rounded to 3 significant figures, ...). Each candidate is judged by
+(off by one, sign, x100, a 0.001 % error, rounded to 3 significant figures, ...), and, where the question holds
+an arithmetic expression, that expression itself (the calculation asked for instead of its value: what a
+model learns to answer when a judge accepts it). Each candidate is judged by
 
 - ours: the response ``... \\boxed{candidate}`` + stop word through ``oreal_fast.judge.Router`` with the judgers
   of ``--config`` (configs/demo.py: the rule-only math judger), once per rule mode (official, strict);
@@ -20,6 +22,7 @@ the same per candidate kind; and one example of each kind of disagreement per ta
 
 from __future__ import annotations
 
+import ast
 import copy
 import json
 import os
@@ -53,6 +56,9 @@ class Candidate(NamedTuple):
 _FRACTION = re.compile(r"(-?)(?:(\d+)/(\d+)|\\d?frac\{(\d+)\}\{(\d+)\})")
 _COMPLEX = re.compile(r"(-?\d+(?:\.\d+)?) ([+-]) (\d+(?:\.\d+)?)i")
 _VARIABLE = re.compile(r"Solve for (\w+)")
+# A run of numbers, brackets and + - * / signs in a question ("Calculate -2 * (3 + 4).")
+_EXPRESSION = re.compile(r"[-+*/()\d.\s]+")
+_BINARY = re.compile(r"[\d)]\s*[-+*/]\s*[-+(]*\s*\d")
 
 
 def _fmt(x: Decimal) -> str:
@@ -78,6 +84,32 @@ def _number_candidates(gold: str, d: Decimal, question: str) -> list[Candidate]:
         rounded = Decimal(f"{float(d):.2e}")
         out.append(Candidate("e-notation, 3 significant figures", f"{float(d):.2e}", rounded == d))
     return out
+
+
+def question_expression(question: str) -> tuple[str, Fraction] | None:
+    """The longest arithmetic expression in the question, with its exact value; None if there is none."""
+    runs = [m.group().strip().rstrip(".").strip() for m in _EXPRESSION.finditer(question)]
+    runs = sorted((r for r in runs if _BINARY.search(r)), key=len, reverse=True)
+    if not runs:
+        return None
+    try:
+        return runs[0], _exact(ast.parse(runs[0], mode="eval").body)
+    except (SyntaxError, ValueError, ZeroDivisionError):
+        return None
+
+
+def _exact(node: ast.AST) -> Fraction:
+    """Exact value of a +, -, *, / expression of number literals."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+        return Fraction(str(node.value))
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = _exact(node.operand)
+        return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div)):
+        a, b = _exact(node.left), _exact(node.right)
+        ops = {ast.Add: a.__add__, ast.Sub: a.__sub__, ast.Mult: a.__mul__, ast.Div: a.__truediv__}
+        return ops[type(node.op)](b)
+    raise ValueError(f"not a number expression: {ast.dump(node)}")
 
 
 def _fraction_candidates(gold: str, sign: str, a: int, b: int) -> list[Candidate]:
@@ -139,7 +171,11 @@ def _candidates(gold: str, question: str) -> list[Candidate]:
         return out
     if not d.is_finite():
         return out
-    return out + [c for c in _number_candidates(gold, d, question) if c.answer != gold]  # x100 of 0 is 0
+    out += [c for c in _number_candidates(gold, d, question) if c.answer != gold]  # x100 of 0 is 0
+    expression = question_expression(question)
+    if expression is not None:
+        out.append(Candidate("the question's expression", expression[0], expression[1] == Fraction(gold)))
+    return out
 
 
 def _samples(tasks: list[str], problems: int) -> list[dict]:

@@ -116,7 +116,8 @@ def test_interval_keys_hold_the_closed_form_intervals_of_the_scripted_verdicts()
         "val_greedy_pass1_low": center - half, "val_greedy_pass1_high": center + half,
         "val_sampled_pass1_low": 0.5 - mean_half, "val_sampled_pass1_high": 0.5 + mean_half,
         "val_pass_at_k_low": 0.8 - pass_half, "val_pass_at_k_high": 1.0})  # clipped at 1
-    assert result.problem_rows()[3] == {"question": "q3", "greedy_correct": True, "num_correct": 4, "num_samples": 4}
+    assert result.problem_rows()[3] == {"question": "q3", "greedy_correct": True, "num_correct": 4, "num_samples": 4,
+                                        "gold_answer": "3", "greedy_response": "yes"}
 
 
 def test_one_sample_per_problem_gives_pass_at_1_the_interval_of_mean_at_1():

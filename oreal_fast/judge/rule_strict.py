@@ -5,7 +5,11 @@ with math-verify (the ``\\boxed{}`` contents, several of them forming one answer
 answer is", else the last LaTeX/expression) and compares it to the gold answer by value: no
 percentage leniency (4200 is not 42), exact big-integer comparison (2^{2020} is not 2^{2019}),
 units, degrees, ``%``, ``\\$`` and ``\\text{}`` wrappers ignored on both sides, matrices,
-intervals, sets and tuples compared as objects. Gold answers are wrapped in ``$...$`` so that
+intervals, sets and tuples compared as objects. A number is answered with a number: when the gold
+is a plain number, an answer whose last side is still a sum, difference or product of numbers (or
+a division written with ``\\div``) fails, since it is the calculation asked for and not its value
+(``\\boxed{64942 \\times 63126}``, ``3 + 4``); a power, a fraction, a root and scientific
+notation are values. Gold answers are wrapped in ``$...$`` so that
 math-verify reads them as LaTeX; word answers (names, days) also match as case-insensitive
 text of the last ``\\boxed{}``.
 
@@ -54,16 +58,46 @@ def _word(s: str) -> str | None:
     return s.lower() if WORDS.fullmatch(s) else None
 
 
-def _last_boxed(text: str) -> str | None:
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
+def _box_content(text: str, start: int) -> str | None:
+    """The contents of the ``\\boxed{`` at ``start``; None if it never closes."""
     depth, i = 0, start + len("\\boxed")
     for j in range(i, len(text)):
         depth += {"{": 1, "}": -1}.get(text[j], 0)
         if depth == 0:
             return text[i + 1 : j]
     return None
+
+
+def _last_boxed(text: str) -> str | None:
+    start = text.rfind("\\boxed{")
+    return None if start < 0 else _box_content(text, start)
+
+
+def _boxed_contents(text: str) -> list[str]:
+    contents = (_box_content(text, m.start()) for m in re.finditer(r"\\boxed\{", text))
+    return [c for c in contents if c is not None]
+
+
+# A gold answer that is one number: sign, digits (thousands commas), decimals, percent.
+_PLAIN_NUMBER = re.compile(r"[-+]?(?:\d[\d,]*(?:\.\d*)?|\.\d+)\s*(?:\\?%)?")
+# m\times10^{k} (normalise writes 1.5e3 so): a value, not a product.
+_SCIENTIFIC = re.compile(r"(\d)\s*(?:\\times|\\cdot|\*|×|·)\s*10\s*\^\s*(?:\{\s*[-+]?\d+\s*\}|[-+]?\d+)")
+# A binary +, -, times or division sign between two operands (a number, a bracket, a command).
+_OPERATION = re.compile(r"[\d)}]\s*(?:[-+*×·÷]|\\times|\\cdot|\\div)\s*[-+]?\s*[\d({.\\]")
+
+
+def _is_calculation(answer: str) -> bool:
+    """The answer's last side (after any ``=``) is an unevaluated arithmetic operation."""
+    last_side = _SCIENTIFIC.sub(r"\1", answer.split("=")[-1])
+    return _OPERATION.search(last_side) is not None
+
+
+def _answers_a_number_with_a_calculation(text: str, gold: str, extracted: object) -> bool:
+    """The gold is a plain number and some boxed answer (else the extracted one) is a calculation."""
+    if not _PLAIN_NUMBER.fullmatch(gold.replace("\\$", "").replace("$", "").strip()):
+        return False
+    answers = _boxed_contents(text) or ([extracted] if isinstance(extracted, str) else [])
+    return any(_is_calculation(a) for a in answers)
 
 
 def _percent_forms(s: str) -> list[str]:
@@ -95,6 +129,8 @@ def check(text: str, gold: str) -> bool:
             return tower
         g = parse(_gold_latex(gold), _GOLD_CONFIG, parsing_timeout=None)
         p = parse(text, parsing_timeout=None)
+        if _answers_a_number_with_a_calculation(text, gold, p[-1] if p else None):
+            return False
         if g and p and verify(g, p, timeout_seconds=None):
             return True
         # math-verify's own percent rule depends on its antlr grammar version: apply ours.

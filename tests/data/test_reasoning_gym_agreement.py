@@ -32,6 +32,17 @@ def test_fraction_candidates(script):
     assert ("decimal, 6 significant figures", "0.333333", False) in latex
 
 
+def test_the_questions_expression_is_a_candidate_of_its_exact_value(script):
+    question = "Calculate -373 + -347 - ( ( -( -795 + 970 ) ) * -152 )."
+    # -373 - 347 = -720; -(175) * -152 = 26600, and -720 - 26600 = -27320
+    assert script.candidates("-27320", question)[-1] == (
+        "the question's expression", "-373 + -347 - ( ( -( -795 + 970 ) ) * -152 )", True)
+    assert script.candidates("-27321", question)[-1][2] is False
+    assert script.question_expression("State the final answer to the following arithmetic problem: 7 / 2 - 1 =")[1] \
+        == script.Fraction(5, 2)
+    assert script.question_expression("Ava walks 25 miles, 15 of them on the beach.") is None
+
+
 def test_integer_candidates_of_an_equation(script):
     got = [tuple(c) for c in script.candidates("-1234", "Solve for e: 2*e = -2468")]
     assert got == [
@@ -43,7 +54,8 @@ def test_integer_candidates_of_an_equation(script):
 
 def test_a_candidate_that_keeps_the_value_says_so_and_none_repeats_the_gold(script):
     zero = {c.kind for c in script.candidates("0", "Solve the following multiplication: 0 * 41.")}
-    assert zero == {"as written", "trailing zero", "off by one"}  # x100, /100, 0.001 % off, sign: all "0"
+    # x100, /100, 0.001 % off, sign: all "0"
+    assert zero == {"as written", "trailing zero", "off by one", "the question's expression"}
     rounded = {c.kind: c for c in script.candidates("1.50", "State the final answer: 0.75 + 0.75 =")}
     assert rounded["3 significant figures"] == ("3 significant figures", "1.5", True)
     assert rounded["e-notation, 3 significant figures"] == ("e-notation, 3 significant figures", "1.50e+00", True)

@@ -45,7 +45,7 @@ def test_worker_killed_while_idle_is_replaced(pool):
 def test_caller_stopping_early_does_not_shift_later_answers(pool):
     _all_ready(pool)  # so that both tasks below are sent at once
     old = {w.proc.pid: w.proc for w in pool._workers}
-    slow = RuleTask(STRICT_CHECK, r"\boxed{10^{10^{10}}+1}", "5", 600.0)  # sympy takes hours
+    slow = RuleTask(STRICT_CHECK, r"\boxed{10^{10^{10}}+1}", r"\sqrt{5}", 600.0)  # sympy takes hours
     first = next(iter(pool.run([YES, slow])))  # the generator is dropped with `slow` in flight
     assert first == (0, RuleVerdict.CONFIRMED)
     # the worker holding `slow` was killed and replaced at once, not waited for (its limit is

@@ -109,10 +109,10 @@ def test_power_tower_finishes_within_its_limit_in_both_modes():
     }
     mapping = {"math": ["official_judger"], "math_strict": ["strict_judger"]}
     # sympy computes for hours on both (strict decides a pure power tower exactly, so its
-    # input adds 1)
+    # input adds 1, and refuses a sum for a plain number at once, so its gold is a root)
     items = [
         JudgeItem("Q", r"\boxed{10^{10^{10}}}" + E, "5", "math"),
-        JudgeItem("Q", r"\boxed{10^{10^{10}}+1}" + E, "5", "math_strict"),
+        JudgeItem("Q", r"\boxed{10^{10^{10}}+1}" + E, r"\sqrt{5}", "math_strict"),
         JudgeItem("Q", r"\boxed{5}" + E, "5", "math"),
         JudgeItem("Q", r"\boxed{5}" + E, "5", "math_strict"),
     ]
@@ -165,7 +165,7 @@ def test_verifier_calls_run_concurrently(gated_server, max_concurrency):
 
 def test_timed_out_rule_check_goes_to_the_verifier(server):
     with _router([server.host], rule_timeout_s=1.0, rule_mode="strict") as r:
-        out = r.judge([JudgeItem("Q REPLY=A", r"\boxed{10^{10^{10}}+1}" + E, "5")])
+        out = r.judge([JudgeItem("Q REPLY=A", r"\boxed{10^{10^{10}}+1}" + E, r"\sqrt{5}")])
     assert out.rewards == [1.0]
     assert (out.counters["rule_timeouts"], out.counters["verifier_calls"]) == (1, 1)
 

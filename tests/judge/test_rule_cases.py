@@ -137,6 +137,10 @@ CASES = [
     ("full-width-digit-wrong", "\\boxed{６}" + E, "5", -1, -1),
     ("power-tower-equal", r"\boxed{2^{2^{2^{2^2}}}}" + E, "2^{65536}", 1, 1),
     ("power-tower-off-by-one", r"\boxed{2^{2^{2^{2^2}}}}" + E, "2^{65537}", 1, -1),
+    # a number answered with the calculation that gives it: official's symbolic branch parses the
+    # product and finds it equal; strict wants the value (a model learns to copy the question)
+    ("calculation-for-number-product", r"so \boxed{64942 \times 63126}" + E, "4099528692", 1, -1),
+    ("calculation-for-number-difference", r"\boxed{7640 - 5702}" + E, "1938", 1, -1),
     # thinking-finish words
     ("after-last-think", r"<think>maybe \boxed{3}</think> so \boxed{5}" + E, "5", 1, 1),
     ("think-cut-drops-box", r"\boxed{5} </think> no box here, answer 3" + E, "5", -1, -1),
@@ -175,6 +179,28 @@ def test_official_verdict(response, gold, official):
 
 @pytest.mark.parametrize("response,gold,strict", [(c[1], c[2], c[4]) for c in CASES], ids=[c[0] for c in CASES])
 def test_strict_verdict(response, gold, strict):
+    assert _reward(rule_strict.check, response, gold) == strict
+
+
+@pytest.mark.parametrize(
+    "response,gold,strict",
+    [
+        (r"\boxed{-321 \cdot 87 + (-988)/1}" + E, "-28915", -1),
+        (r"\boxed{64942 * 63126}" + E, "4099528692", -1),
+        (r"\boxed{12 \div 4}" + E, "3", -1),
+        ("So the total is 3 + 4." + E, "7", -1),  # no box: math-verify's extracted answer is checked
+        (r"\boxed{5 + 3 = 8}" + E, "8", 1),  # the working, then the value
+        (r"\boxed{4099528692}" + E, "4099528692", 1),
+        (r"\boxed{-5}" + E, "-5", 1),
+        (r"\boxed{1.5 \times 10^{3}}" + E, "1500", 1),  # scientific notation is a value
+        (r"\boxed{2^{10}}" + E, "1024", 1),
+        (r"\boxed{\frac{6}{4}}" + E, "1.5", 1),
+        (r"\boxed{1+\sqrt{2}}" + E, r"1+\sqrt{2}", 1),  # the gold is itself an expression
+    ],
+    ids=["mixed-operations", "ascii-star", "div-sign", "unboxed-sum", "working-then-value", "value", "negative",
+         "scientific", "power", "fraction", "expression-gold"],
+)
+def test_strict_wants_a_number_not_a_calculation(response, gold, strict):
     assert _reward(rule_strict.check, response, gold) == strict
 
 

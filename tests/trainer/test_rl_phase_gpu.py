@@ -8,8 +8,11 @@ Tolerance of the comparison: both paths compute in bf16 and round at the same pl
 sums in another order put some bf16 results one ulp apart (and attention's backward has no fixed
 reduction order); through 4 layers and the LM head that moves each log-prob by ~1e-3 relative, and
 sums of log-prob differences over ~2000 tokens (the KL terms) by up to ~1 %. So the step's sums
-agree to rel 2e-2 and each parameter's gradient to rel 2e-2 in L2 norm; a wrong backward (a sign, a
-missing residual gradient, a dropped rstd) is off by order one.
+agree to rel 2e-2. A gradient is measured against the same step in fp32 (eager ops, no autocast):
+the fused ops' bf16 gradient is within rel 2e-2 of it in L2 norm, or no more than twice as far as
+the eager ops' bf16 gradient is (a bias gradient sums per-token terms of both signs over ~2000
+tokens, so both bf16 paths can sit a few % from fp32). A wrong backward (a sign, a missing
+residual gradient, a dropped rstd) is off by order one.
 """
 
 from __future__ import annotations
@@ -32,11 +35,11 @@ CONFIG = DecoderConfig(family="qwen2", vocab_size=4096, hidden_size=256, interme
                        init_std=0.05)
 
 
-def _models(ops) -> RLModels:
+def _models(ops, compute_dtype: torch.dtype = torch.bfloat16) -> RLModels:
     torch.manual_seed(0)
     models = []
-    for dtype, head in ((torch.float32, True), (torch.bfloat16, True), (torch.float32, False)):
-        m = Decoder(CONFIG, with_lm_head=head, device="cuda", dtype=dtype, compute_dtype=torch.bfloat16, trunk_ops=ops)
+    for dtype, head in ((torch.float32, True), (compute_dtype, True), (torch.float32, False)):
+        m = Decoder(CONFIG, with_lm_head=head, device="cuda", dtype=dtype, compute_dtype=compute_dtype, trunk_ops=ops)
         m.init_weights()
         models.append(m)
     actor, reference, backbone = models
@@ -57,12 +60,12 @@ def _kept() -> list[Trajectory]:
             for i, (p, r) in enumerate(lens)]
 
 
-def _phase(models: RLModels, **config):
+def _phase(models: RLModels, compute_dtype: torch.dtype = torch.bfloat16, **config):
     """One phase; autocast's casts and separate projections unless ``config`` names others (the
     trainer's defaults cast once and merge: each test says what it runs)."""
     config = {"weights_cast_once": False, "merged_projections": False, **config}
     cfg = TrainConfig(actor="x", datasets="none", threshold_rescale=True, **config)
-    settings = RLSettings.from_config(cfg, Precision(torch.device("cuda"), torch.bfloat16))
+    settings = RLSettings.from_config(cfg, Precision(torch.device("cuda"), compute_dtype))
     return rl_phase(models, _kept(), settings, micro_batch_size=2, token_budget=1024, update_actor=True)
 
 
@@ -91,11 +94,11 @@ def test_rl_phase_makes_no_host_sync(config):
 
 def test_train_ops_train_as_the_eager_ops():
     results = []
-    for ops in (EAGER_OPS, TRAIN_OPS):
-        models = _models(ops)
-        sums = _phase(models)
+    for ops, dtype in ((EAGER_OPS, torch.float32), (EAGER_OPS, torch.bfloat16), (TRAIN_OPS, torch.bfloat16)):
+        models = _models(ops, dtype)
+        sums = _phase(models, dtype)
         results.append((torch.stack(list(sums)).double(), _grads(models)))
-    (ref_sums, ref_grads), (sums, grads) = results
+    (_, fp32_grads), (ref_sums, ref_grads), (sums, grads) = results
     # ref_kl_sum adds l - l_ref over the tokens: two random models of one init give per-token terms
     # of both signs that nearly cancel, so the ops' bf16 differences in l (about 1e-3 a token) are
     # large against the sum and no relative bound fits it (on an H100: -1.69 eager, -0.32 fused over
@@ -105,9 +108,10 @@ def test_train_ops_train_as_the_eager_ops():
     assert (sums[kl] - ref_sums[kl]).abs() <= 2e-3 * tokens, (sums[kl], ref_sums[kl], tokens)
     others = [i for i in range(len(sums)) if i != kl]
     assert torch.allclose(sums[others], ref_sums[others], rtol=2e-2, atol=1e-6), (sums, ref_sums)
-    for name, g_ref in ref_grads.items():
-        err = (grads[name].double() - g_ref.double()).norm() / g_ref.double().norm().clamp_min(1e-30)
-        assert err <= 2e-2, f"{name}: relative L2 error {err:.2e}"
+    for name, truth in fp32_grads.items():
+        eager_err, fused_err = (float((g[name].double() - truth.double()).norm() / truth.double().norm().clamp_min(1e-30))
+                                for g in (ref_grads, grads))
+        assert fused_err <= max(2e-2, 2 * eager_err), f"{name}: {fused_err:.2e} from fp32 (eager bf16: {eager_err:.2e})"
 
 
 @pytest.mark.parametrize("loss_kernel", ["linear_logprob", "fused_oreal_loss"])

@@ -72,7 +72,8 @@ def test_validation_goes_through_the_trainer_rollout_greedy_then_sampled(tmp_pat
     # each validation's problems, in the held-out file's order, to pair two validations
     for step in (0, 2, 3):
         assert rows(os.path.join(run_dir, "validation_problems", f"step-{step}.jsonl")) == [
-            {"question": f"What is {a} + {a}?", "greedy_correct": True, "num_correct": 2, "num_samples": 2}
+            {"question": f"What is {a} + {a}?", "greedy_correct": True, "num_correct": 2, "num_samples": 2,
+             "gold_answer": str(2 * a), "greedy_response": "yes<|im_end|>"}
             for a in range(1, 7)]
     assert [r["step"] for r in rows(os.path.join(run_dir, "rank0.log.jsonl"))] == [1, 2, 3]
     with open(os.path.join(run_dir, "rank0.log")) as f:
