@@ -28,7 +28,7 @@ dtype = "auto"  # bf16 autocast over fp32 masters on the GPU
 # At the tasks' default sizes (up to 4-5 digit numbers) this model is right on ~4 % of held-out
 # problems, too few mixed groups to learn from; numbers of up to two digits put it in reach.
 _options = {
-    "basic_arithmetic": {"max_terms": 3, "max_digits": 2, "allow_parentheses": False},
+    "basic_arithmetic": {"max_terms": 3, "max_digits": 2},
     "chain_sum": {"max_terms": 3, "max_digits": 2},
     "gsm_symbolic": {},
     "products": {"max_digits": 2},

@@ -36,14 +36,18 @@ so checkpoints and the HF name map do not see it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 import torch
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper, checkpoint_wrapper
 
 from oreal_fast.cast_once import cast_numel
 from oreal_fast.config import TrainConfig
 from oreal_fast.model.decoder import Decoder, DecoderConfig
 from oreal_fast.rollout.build import engine_name
 from oreal_fast.rollout.engine import kv_cache_bytes
+from oreal_fast.trajectories import Trajectory, plan_micro_batches
 
 # Share of the memory cap the plan leaves free: allocator fragmentation (blocks freed between
 # micro-batches of other sizes) and the transient buffers the plan does not itemise.
@@ -191,3 +195,55 @@ def apply_recompute_plan(cfg: TrainConfig, trained: list[Decoder], compute_dtype
         source = f"planned for {tokens} tokens a micro-batch, {budget / 2**30:.1f} GiB for activations"
     layers = [m.config.num_layers for m in trained]
     return "recompute: " + ", ".join(f"{n} of {L} blocks" for n, L in zip(counts, layers)) + f" ({source})"
+
+
+def activation_bytes_per_token(model: Decoder, compute_dtype: torch.dtype) -> int:
+    """Per token of a micro-batch, what ``model``'s backward holds under the recompute applied to it:
+    ``blocks_to_recompute``'s sum with the wrapped count k, plus the LM head's fp32 dH (4 H)."""
+    c, L = model.config, len(model.blocks)
+    k = sum(isinstance(block, CheckpointWrapper) for block in model.blocks)
+    residual = model.embed.weight.element_size()
+    kept = block_activation_bytes(c, compute_bytes=compute_dtype.itemsize, residual_bytes=residual,
+                                  fused_trunk=model.ops.add_rms_norm is not None)
+    return (L - k) * kept + k * c.hidden_size * residual + kept + 4 * c.hidden_size
+
+
+@dataclass(frozen=True)
+class ActivationForecast:
+    """A step's RL-phase peak grown to the largest micro-batch the config allows.
+
+    The KV pool is sized from measured steps (``rollout.engine.pool_sizing``), and the first step
+    that trains the actor may keep a few thousand tokens where a later one packs a micro-batch of
+    ``rl_micro_batch_tokens``: sized from the small step alone, the pool would take the memory the
+    later step's activations need (on an H100 under a 14 GiB cap, a first trained step of 576 kept
+    tokens grew the pool from 4.3 to 8.2 GiB; a run whose first trained step kept 3353 tokens ran
+    out of memory in the next step's RL phase). So the RL peak the pool is
+    sized from is the measured one plus ``bytes_per_token`` for every token the step's largest
+    micro-batch was short of ``max_tokens``.
+
+    Attributes:
+        bytes_per_token: the largest `activation_bytes_per_token` of the trained models (the token
+            RM's backward ends before the actor's forward starts, so they do not add up).
+        max_tokens: the most tokens one micro-batch can hold (`micro_batch_tokens`).
+        micro_batch_size, token_budget: the config's micro-batch split (``plan_micro_batches``).
+    """
+
+    bytes_per_token: int
+    max_tokens: int
+    micro_batch_size: int
+    token_budget: int
+
+    @classmethod
+    def for_models(cls, cfg: TrainConfig, trained: list[Decoder], compute_dtype: torch.dtype) -> ActivationForecast:
+        return cls(max(activation_bytes_per_token(m, compute_dtype) for m in trained),
+                   micro_batch_tokens(cfg.rl_mirco_batch, cfg.rl_micro_batch_tokens, cfg.gen_max_length),
+                   cfg.rl_mirco_batch, cfg.rl_micro_batch_tokens)
+
+    def peak_gib(self, peak_gib: Mapping[str, float], kept: list[Trajectory]) -> dict[str, float]:
+        """``peak_gib`` with its ``rl`` entry grown from the step's largest micro-batch of ``kept`` to
+        ``max_tokens``."""
+        lengths = [len(t.prompt_ids) + len(t.response_ids) for t in kept]
+        groups = plan_micro_batches(lengths, self.micro_batch_size, self.token_budget)
+        largest = max((sum(lengths[i] for i in g) for g in groups), default=0)
+        growth = self.bytes_per_token * max(0, self.max_tokens - largest) / 2**30
+        return {**peak_gib, "rl": peak_gib["rl"] + growth}

@@ -57,6 +57,7 @@ from oreal_fast.metrics import MetricsWriter, SilentMetrics, dump_trajectories, 
 from oreal_fast.optimizers import build_optimizers
 from oreal_fast.parallel import DataParallel, close_data_parallel, full_weights, init_data_parallel
 from oreal_fast.progress import Progress, ProgressTicker, refresh_interval
+from oreal_fast.recompute import ActivationForecast
 from oreal_fast.rl_step import MicroStepSums, RLSettings, rl_phase
 from oreal_fast.rollout import RolloutEngine, build_rollout, sampling_params
 from oreal_fast.run_dir import CheckpointWriteError
@@ -108,6 +109,9 @@ class Trainer:
         self.models, models_note = load_rl_models(cfg, self.runtime)  # trunk ops, recompute, FSDP
         self.optimizers = build_optimizers(cfg, self.models, self.total_steps, self.device)
         self.rl_settings = RLSettings.from_config(cfg, self.runtime.precision)
+        # the RL peak the KV pool is sized from, grown to a full micro-batch
+        trained = [self.models.actor] + ([self.models.token_rm.backbone] if self.models.token_rm else [])
+        self.activation_forecast = ActivationForecast.for_models(cfg, trained, self.runtime.compute_dtype)
         # The Router draws its first verifier host from Python's global `random`, as the official
         # judger does, before any filter draw (Q15): build it after seeding, before the first step.
         self.router = router or Router(cfg.judgers_config, cfg.data_judger_mapping, reward_fn=cfg.reward_fn)
@@ -191,7 +195,7 @@ class Trainer:
                                          max_norm=cfg.max_grad_norm)                    # 4.12
         if update_actor and kept:  # the rollout's weights follow the actor; its memory, a trained step's peaks
             self.rollout.sync_weights(full_weights(self.models.actor))
-            self.rollout.fit_memory(clock.peak_gib)
+            self.rollout.fit_memory(self.activation_forecast.peak_gib(clock.peak_gib, kept))
         lrs = (actor_lr if update_actor else 0.0, rm_lr)
         return self._step_metrics(step, samples, kept, sums, clock, lrs, norms)
 

@@ -15,8 +15,10 @@ from oreal_fast.data.packing import pack_sequences
 from oreal_fast.kernels.trunk_train import TRAIN_OPS
 from oreal_fast.model.attention import sdpa_attention
 from oreal_fast.model.decoder import EAGER_OPS, Decoder, DecoderConfig
-from oreal_fast.recompute import (PLAN_MARGIN, activation_budget, apply_recompute_plan, apply_recompute,
-                                  block_activation_bytes, blocks_to_recompute, micro_batch_tokens, recompute_count)
+from oreal_fast.recompute import (PLAN_MARGIN, ActivationForecast, activation_budget, activation_bytes_per_token,
+                                  apply_recompute, apply_recompute_plan, block_activation_bytes, blocks_to_recompute,
+                                  micro_batch_tokens, recompute_count)
+from oreal_fast.trajectories import Trajectory
 
 
 def tiny_decoder() -> Decoder:
@@ -179,3 +181,40 @@ def test_apply_recompute_plan_on_cpu(ratio, wrapped):
     line = apply_recompute_plan(cfg, [actor, rm], torch.float32)
     assert line.startswith(f"recompute: {wrapped} of 4 blocks, {wrapped} of 4 blocks")
     assert sum(isinstance(b, CheckpointWrapper) for b in actor.blocks) == wrapped
+
+
+def test_activation_bytes_per_token_counts_the_wrapped_blocks():
+    model = tiny_decoder()  # fp32: H 32, L 4
+    kept = block_activation_bytes(model.config, compute_bytes=2, residual_bytes=4, fused_trunk=False)
+    head = 4 * 32
+    assert activation_bytes_per_token(model, torch.bfloat16) == 4 * kept + kept + head
+    apply_recompute(model, 3)
+    # three blocks keep their fp32 input (4 x 32 bytes), one keeps everything, one block's worth in flight
+    assert activation_bytes_per_token(model, torch.bfloat16) == kept + 3 * 4 * 32 + kept + head
+
+
+def _trajectory(length: int) -> Trajectory:
+    return Trajectory([1] * 10, [2] * (length - 10), 1.0, 0.5)
+
+
+def test_forecast_grows_the_rl_peak_to_a_full_micro_batch():
+    forecast = ActivationForecast(bytes_per_token=2**20, max_tokens=4096, micro_batch_size=2, token_budget=4096)
+    peaks = {"gen": 5.0, "rl": 6.0}
+    # 600 tokens in one micro-batch: 3496 tokens short of a full one, at 1 MiB each
+    assert forecast.peak_gib(peaks, [_trajectory(200), _trajectory(400)]) == {"gen": 5.0, "rl": 6.0 + 3496 / 1024}
+    # packed 3000 + 1000 | 2500: the largest holds 4000 tokens
+    grown = forecast.peak_gib(peaks, [_trajectory(3000), _trajectory(1000), _trajectory(2500)])
+    assert grown["rl"] == 6.0 + 96 / 1024
+    # a trajectory longer than the budget is a micro-batch of its own: nothing to grow
+    assert forecast.peak_gib(peaks, [_trajectory(5000)])["rl"] == 6.0
+    assert peaks == {"gen": 5.0, "rl": 6.0}  # the measured peaks are not changed
+
+
+def test_forecast_for_models_reads_the_split_from_the_config():
+    model = tiny_decoder()
+    cfg = TrainConfig(actor="x", datasets="none", rl_micro_batch_tokens=0, rl_mirco_batch=3, gen_max_length=100)
+    forecast = ActivationForecast.for_models(cfg, [model], torch.bfloat16)
+    assert (forecast.max_tokens, forecast.micro_batch_size, forecast.token_budget) == (300, 3, 0)
+    assert forecast.bytes_per_token == activation_bytes_per_token(model, torch.bfloat16)
+    # three trajectories of 50 fill one micro-batch of sequences to 150 of its 300 tokens
+    assert forecast.peak_gib({"rl": 1.0}, [_trajectory(50)] * 3)["rl"] == 1.0 + 150 * forecast.bytes_per_token / 2**30

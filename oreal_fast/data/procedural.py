@@ -77,11 +77,21 @@ def _registry() -> dict[str, tuple[type, type]]:
     return DATASETS
 
 
+# Options under which a task's generator writes wrong gold answers: (task, option, value) -> why.
+WRONG_ANSWER_OPTIONS = {
+    ("basic_arithmetic", "allow_parentheses", False): (
+        "its answers are computed as if the expression kept the parentheses it no longer shows "
+        "('34 + 17 * 23' gets 1173, (34 + 17) * 23): about a third of the 2-digit, 3-term golds are "
+        "wrong (reasoning-gym 0.1.25); keep the parentheses"),
+}
+
+
 def open_task(task: GymTask, seed: int, num_items: int) -> Any:
     """The task's reasoning-gym dataset with ``num_items`` items under the source seed ``seed``.
 
     Raises:
-        ValueError: the package is missing, the task is unknown, or an option is unknown or out of range.
+        ValueError: the package is missing, the task is unknown, an option is unknown or out of range,
+            or it is one of `WRONG_ANSWER_OPTIONS`.
     """
     registry = _registry()
     if task.name not in registry:
@@ -94,6 +104,9 @@ def open_task(task: GymTask, seed: int, num_items: int) -> Any:
     if unknown:
         raise ValueError(f"reasoning_gym task {task.name!r} has no option {unknown[0]!r}; its options: "
                          f"{', '.join(names)}")
+    for (name, option, value), why in WRONG_ANSWER_OPTIONS.items():
+        if task.name == name and option in task.options and task.options[option] == value:
+            raise ValueError(f"reasoning_gym task {name!r} with {option}={value!r}: {why}")
     try:  # the dataset validates its config (with assert) where the task defines a check
         return dataset_cls(config=config_cls(**task.options, seed=generator_seed(seed), size=num_items))
     except (AssertionError, ValueError, TypeError) as e:

@@ -7,11 +7,11 @@ percentage leniency (4200 is not 42), exact big-integer comparison (2^{2020} is 
 units, degrees, ``%``, ``\\$`` and ``\\text{}`` wrappers ignored on both sides, matrices,
 intervals, sets and tuples compared as objects. A number is answered with a number: when the gold
 is a plain number, an answer whose last side is still a sum, difference or product of numbers (or
-a division written with ``\\div``) fails, since it is the calculation asked for and not its value
-(``\\boxed{64942 \\times 63126}``, ``3 + 4``); a power, a fraction, a root and scientific
-notation are values. Gold answers are wrapped in ``$...$`` so that
-math-verify reads them as LaTeX; word answers (names, days) also match as case-insensitive
-text of the last ``\\boxed{}``.
+a division written with ``\\div``, or for an integer gold any fraction) fails, since it is the
+calculation asked for and not its value (``\\boxed{64942 \\times 63126}``, ``3 + 4``, ``69/3`` for
+23); a power, a root, scientific notation and a fraction for a non-integer gold are values. Gold
+answers are wrapped in ``$...$`` so that math-verify reads them as LaTeX; word answers (names,
+days) also match as case-insensitive text of the last ``\\boxed{}``.
 
 Before that, both sides are normalised so that common right-answer forms parse (thousands
 separators written as spaces, scientific notation, full-width digits, braceless or
@@ -82,22 +82,26 @@ def _boxed_contents(text: str) -> list[str]:
 _PLAIN_NUMBER = re.compile(r"[-+]?(?:\d[\d,]*(?:\.\d*)?|\.\d+)\s*(?:\\?%)?")
 # m\times10^{k} (normalise writes 1.5e3 so): a value, not a product.
 _SCIENTIFIC = re.compile(r"(\d)\s*(?:\\times|\\cdot|\*|×|·)\s*10\s*\^\s*(?:\{\s*[-+]?\d+\s*\}|[-+]?\d+)")
+_INTEGER = re.compile(r"[-+]?\d[\d,]*(?:\.0*)?")
 # A binary +, -, times or division sign between two operands (a number, a bracket, a command).
 _OPERATION = re.compile(r"[\d)}]\s*(?:[-+*×·÷]|\\times|\\cdot|\\div)\s*[-+]?\s*[\d({.\\]")
+# A fraction: a value for a gold such as 1.5, the division asked for when the gold is an integer.
+_FRACTION = re.compile(r"[\d)}]\s*/\s*[-+]?\s*[\d({.\\]|\\[dt]?frac")
 
 
-def _is_calculation(answer: str) -> bool:
+def _is_calculation(answer: str, integer_gold: bool) -> bool:
     """The answer's last side (after any ``=``) is an unevaluated arithmetic operation."""
     last_side = _SCIENTIFIC.sub(r"\1", answer.split("=")[-1])
-    return _OPERATION.search(last_side) is not None
+    return _OPERATION.search(last_side) is not None or (integer_gold and _FRACTION.search(last_side) is not None)
 
 
 def _answers_a_number_with_a_calculation(text: str, gold: str, extracted: object) -> bool:
     """The gold is a plain number and some boxed answer (else the extracted one) is a calculation."""
-    if not _PLAIN_NUMBER.fullmatch(gold.replace("\\$", "").replace("$", "").strip()):
+    gold = gold.replace("\\$", "").replace("$", "").strip()
+    if not _PLAIN_NUMBER.fullmatch(gold):
         return False
     answers = _boxed_contents(text) or ([extracted] if isinstance(extracted, str) else [])
-    return any(_is_calculation(a) for a in answers)
+    return any(_is_calculation(a, _INTEGER.fullmatch(gold) is not None) for a in answers)
 
 
 def _percent_forms(s: str) -> list[str]:

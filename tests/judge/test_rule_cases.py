@@ -195,10 +195,12 @@ def test_strict_verdict(response, gold, strict):
         (r"\boxed{1.5 \times 10^{3}}" + E, "1500", 1),  # scientific notation is a value
         (r"\boxed{2^{10}}" + E, "1024", 1),
         (r"\boxed{\frac{6}{4}}" + E, "1.5", 1),
+        (r"\boxed{( 69 / 3 )}" + E, "23", -1),  # an integer gold: a fraction is the division asked for
+        (r"\boxed{\frac{46}{2}}" + E, "23", -1),
         (r"\boxed{1+\sqrt{2}}" + E, r"1+\sqrt{2}", 1),  # the gold is itself an expression
     ],
     ids=["mixed-operations", "ascii-star", "div-sign", "unboxed-sum", "working-then-value", "value", "negative",
-         "scientific", "power", "fraction", "expression-gold"],
+         "scientific", "power", "fraction", "integer-as-division", "integer-as-frac", "expression-gold"],
 )
 def test_strict_wants_a_number_not_a_calculation(response, gold, strict):
     assert _reward(rule_strict.check, response, gold) == strict

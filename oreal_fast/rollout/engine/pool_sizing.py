@@ -11,7 +11,8 @@ pool preempts, or leaves the RL phase too little. The rule:
 - after a step the trainer reports (``RolloutEngine.fit_memory``; it reports only steps that
   trained the actor, whose gradients and optimiser states exist): the step's need is its peak
   allocated memory besides the pool, over the phases the pool was allocated in (generation, and
-  the RL phase with ``keep_cache``); the sizer keeps the largest need seen;
+  the RL phase with ``keep_cache``, its peak grown to a full micro-batch by the trainer:
+  ``recompute.ActivationForecast``); the sizer keeps the largest need seen;
 - target = limit - need - margin, within [the engine's minimum (one sequence of max_model_len),
   the most the engine can use (max_num_seqs sequences of max_model_len)]; limit is what this
   process's allocator may hold (the ``gpu_memory_limit_gib`` cap or the card, less what other
@@ -22,8 +23,8 @@ pool preempts, or leaves the RL phase too little. The rule:
   only when it matters: shrink when the headroom limit - need - pool has fallen under half the
   margin (the pool would crowd the step), grow when the target is at least 10 % above the pool.
 
-What it does not do: predict a step that needs far more than any before (a micro-batch much
-longer than all earlier ones); the margin absorbs growth between two steps, and an explicit
+What it does not do: predict a step that needs far more than any before in what the trainer's
+forecast does not cover; the margin absorbs growth between two steps, and an explicit
 ``kv_cache_gib`` fixes the pool.
 Invariant: a pool the rule picks leaves at least half the margin free at the largest need seen,
 unless the engine's minimum is larger.
