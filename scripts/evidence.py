@@ -3,7 +3,7 @@
     python scripts/evidence.py run    OUT_DIR [--seeds 0,1,2]   # CPU section: trains configs/demo_long.py per seed
     python scripts/evidence.py gpu    OUT_DIR [--seconds S] [--cap_gib G] [--names seed1,lr0] [--extra="--KEY V ..."]
     python scripts/evidence.py plot   OUT_DIR [--png docs/evidence.png]
-    python scripts/evidence.py report OUT_DIR [--gpu NAME] [--png docs/evidence_gpu.png]
+    python scripts/evidence.py report OUT_DIR [--gpu NAME] [--png docs/evidence_gpu.png] [--groups NAME=PREFIX,...]
     python scripts/evidence.py report --runs seed1=DIR,seed2=DIR,lr0=DIR [...]
 
 ``run`` starts ``python -m oreal_fast.train configs/demo_long.py --seed S --work_dir OUT_DIR/seedS``
@@ -28,6 +28,8 @@ mean@n at each validation with the logged 95 % intervals, and each run's gain fr
 last validation with a paired interval over the same problems, from ``validation_problems/``), the
 runs' table (train reward, response length, time, GPU) and the seeds' mean gain against each
 control's, and draws held-out accuracy (with interval bands), train reward and response length.
+``--groups`` adds, per run and group of problems (named by the opening words of their questions),
+the greedy problems right at the first and the last validation.
 A missing or foreign folder is one line on stderr and exit 2.
 """
 
@@ -416,6 +418,38 @@ def gain_table(runs: list[Run]) -> list[str]:
     return lines
 
 
+def parse_groups(groups: str | tuple) -> list[tuple[str, str]]:
+    """``NAME=PREFIX`` pairs (comma-separated) -> [(name, question prefix)], in order; an empty
+    prefix (last) takes every question no earlier group took."""
+    pairs = [item.split("=", 1) for item in (groups.split(",") if isinstance(groups, str) else groups)]
+    if any(len(p) != 2 or not p[0] for p in pairs):
+        raise ValueError(f"--groups {groups!r}: give NAME=QUESTION_PREFIX pairs separated by commas")
+    return [(name, prefix) for name, prefix in pairs]
+
+
+def group_table(runs: list[Run], groups: list[tuple[str, str]]) -> list[str]:
+    """Markdown: per run and group of problems (the first group whose prefix opens the question;
+    ``other`` for none), the held-out greedy problems right at the first and the last validation."""
+    def group_of(question: str) -> str:
+        return next((name for name, prefix in groups if question.startswith(prefix)), "other")
+
+    counts = {}
+    for run in runs:
+        for when, rows in (("first", run.first), ("last", run.last)):
+            for row in rows:
+                key = (run.name, group_of(row["question"]))
+                right, total = counts.get((key, when), (0, 0))
+                counts[(key, when)] = (right + bool(row["greedy_correct"]), total + 1)
+    names = [n for n in [name for name, _ in groups] + ["other"] if ((runs[0].name, n), "first") in counts]
+    lines = ["Held-out greedy problems right, first → last validation (of the group's problems):", "",
+             "| run | " + " | ".join(f"{n} ({counts[((runs[0].name, n), 'first')][1]})" for n in names) + " |",
+             "|---|" + "---|" * len(names)]
+    for run in runs:
+        cells = [f"{counts[((run.name, n), 'first')][0]} → {counts[((run.name, n), 'last')][0]}" for n in names]
+        lines.append(f"| {run.name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _trailing_mean(values: list[float], window: int) -> list[float]:
     """Each value replaced by the mean of it and up to ``window - 1`` values before it."""
     return [_mean(values[max(0, i + 1 - window):i + 1]) for i in range(len(values))]
@@ -456,7 +490,7 @@ def _draw(runs: list[Run], png: str) -> None:
 
 
 def report(out_dir: str | None = None, runs: str | tuple | None = None, gpu: str | None = None,
-           png: str = os.path.join(REPO, "docs", "evidence_gpu.png")) -> None:
+           png: str = os.path.join(REPO, "docs", "evidence_gpu.png"), groups: str | tuple | None = None) -> None:
     """Prints the held-out table, the runs' table and the gains of seeds and controls, and draws
     the figure to ``png``.
 
@@ -465,10 +499,13 @@ def report(out_dir: str | None = None, runs: str | tuple | None = None, gpu: str
         runs: instead, ``NAME=FOLDER`` pairs separated by commas, in table order.
         gpu: the GPU of runs whose text log names none.
         png: where the figure goes.
+        groups: ``NAME=QUESTION_PREFIX`` pairs: also a table of greedy problems right per group.
     """
     try:
         loaded = [_load_run(name, path) for name, path in _run_paths(out_dir, runs)]
         lines = held_out_table(loaded) + [""] + runs_table(loaded, gpu) + [""] + gain_table(loaded)
+        if groups:
+            lines += [""] + group_table(loaded, parse_groups(groups))
         _draw(loaded, png)
     except (FileNotFoundError, ValueError) as e:  # a missing or foreign run folder: one line, exit 2
         print(f"evidence report: {e}", file=sys.stderr)

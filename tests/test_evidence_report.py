@@ -119,6 +119,23 @@ def test_report_prints_the_tables_and_paired_gains_worked_out_by_hand(out_dir, t
     assert lines[-1] == f"wrote {png}" and png.stat().st_size > 10_000
 
 
+def test_groups_count_greedy_problems_right_per_question_prefix(out_dir, tmp_path, capsys):
+    _load().report(str(out_dir), png=str(tmp_path / "fig.png"), groups="zero=What is 0 ,one=What is 1 ,rest=")
+    lines = capsys.readouterr().out.splitlines()
+    start = lines.index("Held-out greedy problems right, first → last validation (of the group's problems):")
+    # greedy verdicts per problem, first / last validation: seed1 01000 / 11100, seed2 01000 / 01100,
+    # lr0 01000 / 00000; problems 2-4 fall to the empty prefix
+    assert lines[start + 2:start + 7] == [
+        "| run | zero (1) | one (1) | rest (3) |",
+        "|---|---|---|---|",
+        "| seed1 | 0 → 1 | 1 → 1 | 0 → 1 |",
+        "| seed2 | 0 → 0 | 1 → 1 | 0 → 1 |",
+        "| lr0 | 0 → 0 | 1 → 0 | 0 → 0 |",
+    ]
+    with pytest.raises(ValueError, match="NAME=QUESTION_PREFIX"):
+        _load().parse_groups("zero")
+
+
 def test_explicit_runs_keep_their_order_and_need_the_same_problems(out_dir, tmp_path, capsys):
     evidence = _load()
     evidence.report(runs=f"lr0={out_dir / 'lr0'},seed2={out_dir / 'seed2'}", png=str(tmp_path / "f.png"))
@@ -161,3 +178,19 @@ def test_a_missing_or_foreign_folder_is_one_line_and_exit_2(out_dir, tmp_path, c
     proc = _report_cli(str(target), "--png", str(tmp_path / "f.png"))
     assert (proc.returncode, proc.stderr, proc.stdout) == (2, f"evidence report: {why}\n", "")
     assert not (tmp_path / "f.png").exists()
+
+
+def test_the_committed_gpu_runs_give_the_tables_in_evidence_md(tmp_path):
+    """docs/evidence.md's first-sitting tables are what ``report`` prints from the committed run folder."""
+    runs = os.path.join(ROOT, "docs", "evidence_runs", "h100_2026-12-07_expression")
+    groups = ("basic_arithmetic=Calculate ,chain_sum=State the final answer,"
+              "products=Solve the following multiplication,gsm_symbolic=")
+    out = subprocess.run([sys.executable, SCRIPT, "report", runs, "--gpu", "NVIDIA H100 80GB HBM3",
+                          "--png", str(tmp_path / "fig.png"), "--groups", groups],
+                         capture_output=True, text=True, check=True).stdout
+    tables = [line for line in out.splitlines() if line.startswith("|")]
+    assert len(tables) == 2 + 10 + 2 + 5 + 2 + 2 + 2 + 5  # held-out (5 runs x 2 metrics), runs, gains, groups
+    with open(os.path.join(ROOT, "docs", "evidence.md"), encoding="utf-8") as f:
+        doc = f.read().splitlines()
+    assert [line for line in tables if line not in doc] == []
+    assert os.path.getsize(tmp_path / "fig.png") > 0
