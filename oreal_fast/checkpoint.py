@@ -340,7 +340,13 @@ def choose_resume_state(resume: str, run_dir: str) -> ResumeChoice:
 
 
 def load_resume_state(path: str) -> dict[str, Any]:
-    return torch.load(path, map_location="cpu", weights_only=False)
+    """The resume state's objects, its tensors mapped from the file (``mmap``) rather than read into
+    the heap: a state holds 16 bytes per trained parameter (2.2 GB at 135M, 112 GB at 7B), and once
+    its tensors are copied into the GPU models and optimisers, the mapping goes with them (read into
+    the heap, a freed copy can stay with the process: an H100 run of the 135M evidence config held
+    1.8 GB more host memory for 40 steps after a resume than before it). A state is written to a new
+    file and renamed into place, never rewritten, so the mapped file does not change under a run."""
+    return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
 
 
 # ----------------------------------------------------------------------------- sizes

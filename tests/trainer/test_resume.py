@@ -171,3 +171,20 @@ def test_a_resumed_run_gives_its_rollout_the_memory_state_of_the_step_it_resumes
     resumed = SizedRollout(tok, TEXTS, stop)
     Trainer(load_config(cfg_path, {"resume": run_dir}), rollout=resumed, router=KeywordRouter()).fit()
     assert resumed.loaded == [{"pool_bytes": 2000, "need_bytes": 7}]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads the process's mappings from Linux's /proc")
+def test_a_resume_state_is_mapped_from_its_file_and_unmapped_with_its_tensors(tmp_path):
+    """Its tensors are not read into the heap (16 bytes per trained parameter): the file is mapped
+    while they live and unmapped when they go, as they do once copied into the GPU models."""
+    path = str(tmp_path / "state-1.pt")
+    torch.save({"actor": {"w": torch.arange(4096.0)}, "next_step": 1}, path)
+
+    def mapped() -> bool:
+        with open("/proc/self/maps") as f:
+            return any(path in line for line in f)
+
+    state = ckpt.load_resume_state(path)
+    assert mapped() and torch.equal(state["actor"]["w"], torch.arange(4096.0))
+    del state
+    assert not mapped()
