@@ -63,6 +63,21 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def pdl_available(device: torch.device) -> bool:
+    """Programmatic dependent launch works here: a CUDA device of compute capability 9 (Hopper) or
+    later, and a Triton with the ``launch_pdl`` launch option and grid dependency control
+    (``gdc_wait``). A kernel launched with it may start while the kernel before it finishes; it
+    must wait (``gdc_wait``) before it reads that kernel's outputs or writes anything."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
+        return False
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+        from triton.language.extra.cuda import gdc_wait  # noqa: F401
+    except ImportError:
+        return False
+    return "launch_pdl" in CUDAOptions.__dataclass_fields__
+
+
 def multiprocessor_count(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device (how many programs fill it)."""
     return torch.cuda.get_device_properties(device).multi_processor_count

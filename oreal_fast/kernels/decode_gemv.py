@@ -60,6 +60,15 @@ Accumulators: every sum is fp32 (dot products, partials, mean squares); inputs a
 fp32 before they multiply. Exactly one program (the first) writes the residual stream; the
 others read the old one, which the new one never aliases.
 
+Programmatic dependent launch (``pdl=True``, Hopper and later: `common.pdl_available`): a kernel is
+launched while the one before it still runs. Each program loads its weight tile (its own, never
+written by a kernel) and its bias, lets the next kernel launch (``gdc_launch_dependents``), and
+only then waits for the previous kernel to finish (``gdc_wait``) before it reads activations or
+writes anything; so the weight loads of one kernel overlap the tail of the one before, and the
+kernel boundary costs less than a launch. Every kernel launched so waits, so a kernel finishes
+only after all before it did: reads of outputs two kernels back stay ordered. The results do
+not change (the same instructions on the same data); off by default until measured.
+
 Limits: the activations are re-read by every program, programs x T x (prologue bytes) from L2:
 6.4 MB at T = 1 for gate|up, 100 MB at T = 16 (three times its weights), and the tokens run in
 tiles of 2 to 4 at this shape (`_PRODUCT_ELEMS`), one tile after another. So the path is for
@@ -76,8 +85,20 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from oreal_fast.kernels.common import TRITON_DTYPES, check_eager_impl, check_impl, multiprocessor_count, tiles_for
+from oreal_fast.kernels.common import (TRITON_DTYPES, check_eager_impl, check_impl, multiprocessor_count, pdl_available,
+                                       tiles_for)
 from oreal_fast.kernels.trunk_inference import add_rms_norm_eager, rms_norm_rounded, silu_mul_eager, silu_mul_rounded
+
+try:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # a Triton without grid dependency control: `pdl_available` is False, PDL never on
+    @triton.jit
+    def gdc_wait():
+        pass
+
+    @triton.jit
+    def gdc_launch_dependents():
+        pass
 
 # K columns per partial sum of `linear_partials` (a power of two): the down projection (K 4864)
 # gets 3 splits, the o projection (K 896) 1; one split is one program's tile width.
@@ -128,7 +149,7 @@ def _norm_linear_kernel(X_ptr, R_ptr, NormW_ptr, W_ptr, B_ptr, Y_ptr, ROut_ptr,
                         T, H, N, stride_xs, stride_xt, stride_r, stride_w, stride_y, eps,
                         NUM_SPLITS: tl.constexpr, PARTIALS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                         WRITE_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr,
-                        BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr):
+                        BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr):
     """Program p: output columns p BLOCK_N .. + BLOCK_N (with SWIGLU, those gate rows and the up
     rows N further) for every token. Its weight rows are read once, before the token loop; each
     token tile's prologue remakes the normed rows from x and the residual (H is small), so no
@@ -147,6 +168,9 @@ def _norm_linear_kernel(X_ptr, R_ptr, NormW_ptr, W_ptr, B_ptr, Y_ptr, ROut_ptr,
         b = tl.load(B_ptr + n_2d, mask=n_2d < N, other=0.0).to(tl.float32)  # [1, BLOCK_N]
         if SWIGLU:
             b_up = tl.load(B_ptr + N + n_2d, mask=n_2d < N, other=0.0).to(tl.float32)
+    if PDL:  # the weights are loading; what follows reads the previous kernel's outputs
+        gdc_launch_dependents()
+        gdc_wait()
     for t0 in range(0, T, BLOCK_T):
         t_2d = t0 + tl.arange(0, BLOCK_T)[:, None]  # [BLOCK_T, 1]
         t = t_2d[:, :, None].to(tl.int64)
@@ -173,7 +197,10 @@ def _norm_linear_kernel(X_ptr, R_ptr, NormW_ptr, W_ptr, B_ptr, Y_ptr, ROut_ptr,
 def _add_rms_norm_partials_kernel(X_ptr, R_ptr, NormW_ptr, Out_ptr, ROut_ptr, H, stride_xs, stride_xt, stride_r,
                                   eps, NUM_SPLITS: tl.constexpr, PARTIALS: tl.constexpr,
                                   HAS_RESIDUAL: tl.constexpr, WRITE_RESIDUAL: tl.constexpr,
-                                  BLOCK_H: tl.constexpr):
+                                  BLOCK_H: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # nothing of its own to load first: only the launch is overlapped
+        gdc_launch_dependents()
+        gdc_wait()
     t = tl.program_id(0).to(tl.int64)
     dtype = Out_ptr.dtype.element_ty
     h = tl.arange(0, BLOCK_H)
@@ -188,7 +215,7 @@ def _add_rms_norm_partials_kernel(X_ptr, R_ptr, NormW_ptr, Out_ptr, ROut_ptr, H,
 @triton.jit
 def _linear_partials_kernel(X_ptr, W_ptr, B_ptr, P_ptr, T, K, N, stride_x, stride_w, stride_ps, stride_pt,
                             HAS_BIAS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_K: tl.constexpr):
+                            BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     """Program (p, s): rows p BLOCK_N .. + BLOCK_N of W over the K split s (one tile of BLOCK_K),
     read once, for every token, into P[s]."""
     split = tl.program_id(1)
@@ -200,6 +227,9 @@ def _linear_partials_kernel(X_ptr, W_ptr, B_ptr, P_ptr, T, K, N, stride_x, strid
     if HAS_BIAS:
         # in the first partial only: the consumer's sum adds it before its one rounding, as addmm does
         b = tl.load(B_ptr + n_2d, mask=(n_2d < N) & (split == 0), other=0.0).to(tl.float32)
+    if PDL:  # the weights are loading; what follows reads the previous kernel's outputs
+        gdc_launch_dependents()
+        gdc_wait()
     for t0 in range(0, T, BLOCK_T):
         t_2d = t0 + tl.arange(0, BLOCK_T)[:, None]  # [BLOCK_T, 1]
         t = t_2d[:, :, None].to(tl.int64)
@@ -284,9 +314,20 @@ def _sublayer_args(x: torch.Tensor) -> tuple[int, int, int, bool]:
     return 1, 0, x.stride(0), False
 
 
+def _pdl_launch(pdl: bool) -> dict[str, bool]:
+    """The launch option of programmatic dependent launch, when asked for."""
+    return {"launch_pdl": True} if pdl else {}
+
+
+def _check_pdl(name: str, pdl: bool, device: torch.device) -> None:
+    if pdl and not pdl_available(device):
+        raise ValueError(f"{name}: pdl=True needs a CUDA device of compute capability >= 9 and a Triton with "
+                         f"launch_pdl; got {device}")
+
+
 def _launch_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                         weight: torch.Tensor, bias: torch.Tensor | None, swiglu: bool,
-                        T: int, H: int, N: int) -> tuple[torch.Tensor, torch.Tensor]:
+                        T: int, H: int, N: int, pdl: bool) -> tuple[torch.Tensor, torch.Tensor]:
     dtype, device = norm_weight.dtype, norm_weight.device
     num_splits, stride_xs, stride_xt, partials = _sublayer_args(x)
     y = torch.empty((T, N), dtype=dtype, device=device)
@@ -302,7 +343,8 @@ def _launch_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_wei
             T, H, N, stride_xs, stride_xt, r.stride(0), weight.stride(0), y.stride(0), eps,
             NUM_SPLITS=num_splits, PARTIALS=partials, HAS_RESIDUAL=residual is not None,
             WRITE_RESIDUAL=write_residual, HAS_BIAS=bias is not None, SWIGLU=swiglu,
-            BLOCK_T=_token_tile(T, rows * width, device), BLOCK_N=rows, BLOCK_H=BLOCK_H, num_warps=4)
+            BLOCK_T=_token_tile(T, rows * width, device), BLOCK_N=rows, BLOCK_H=BLOCK_H, PDL=pdl, num_warps=4,
+            **_pdl_launch(pdl))
     return y, r_out
 
 
@@ -310,7 +352,7 @@ def _launch_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_wei
 
 def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                 weight: torch.Tensor, bias: torch.Tensor | None = None, *, swiglu: bool = False,
-                impl: str = "triton") -> tuple[torch.Tensor, torch.Tensor]:
+                pdl: bool = False, impl: str = "triton") -> tuple[torch.Tensor, torch.Tensor]:
     """The residual add, the RMSNorm and the projection of the normed rows, in one kernel.
 
     Args:
@@ -322,6 +364,7 @@ def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: tor
         weight: [N, H] in the activation dtype, or with `swiglu` [2 N, H] (gate rows, then up rows).
         bias: [N] (with `swiglu` [2 N]) in the activation dtype, or None.
         swiglu: return silu(gate) * up of the two halves of the projection.
+        pdl: launch with programmatic dependent launch (module docstring; `pdl_available` devices).
         impl: "triton" (CUDA, or CPU under TRITON_INTERPRET=1) or "eager".
 
     Returns:
@@ -331,17 +374,19 @@ def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: tor
     """
     check_impl("norm_linear", impl)
     if impl == "eager":
-        return norm_linear_eager(x, residual, norm_weight, eps, weight, bias, swiglu=swiglu)
+        return norm_linear_eager(x, residual, norm_weight, eps, weight, bias, swiglu=swiglu, pdl=pdl)
     T, H = _check_sublayer("norm_linear", x, residual, norm_weight)
     N = _check_linear("norm_linear", H, weight, bias, norm_weight.dtype, swiglu)
     _check_device_and_dtype("norm_linear", norm_weight.dtype, x, residual, norm_weight, weight, bias)
-    return _launch_norm_linear(x, residual, norm_weight, eps, weight, bias, swiglu, T, H, N)
+    _check_pdl("norm_linear", pdl, norm_weight.device)
+    return _launch_norm_linear(x, residual, norm_weight, eps, weight, bias, swiglu, T, H, N, pdl)
 
 
 def norm_linear_eager(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                       weight: torch.Tensor, bias: torch.Tensor | None = None, *, swiglu: bool = False,
-                      impl: str = "eager") -> tuple[torch.Tensor, torch.Tensor]:
-    """The eager twin (same arguments and results as `norm_linear`): the plain path's ops."""
+                      pdl: bool = False, impl: str = "eager") -> tuple[torch.Tensor, torch.Tensor]:
+    """The eager twin (same arguments and results as `norm_linear`): the plain path's ops (``pdl``,
+    a launch option, changes nothing here)."""
     check_eager_impl("norm_linear_eager", impl)
     if x.dim() == 3:
         x = x.sum(0).to(norm_weight.dtype)
@@ -353,7 +398,7 @@ def norm_linear_eager(x: torch.Tensor, residual: torch.Tensor | None, norm_weigh
 
 
 def add_rms_norm_partials(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                          *, impl: str = "triton") -> tuple[torch.Tensor, torch.Tensor]:
+                          *, pdl: bool = False, impl: str = "triton") -> tuple[torch.Tensor, torch.Tensor]:
     """`trunk_inference.add_rms_norm` of a sublayer's output given as partial sums: the final
     norm after a `linear_partials` down projection.
 
@@ -362,6 +407,7 @@ def add_rms_norm_partials(x: torch.Tensor, residual: torch.Tensor | None, weight
         residual: [T, H] in weight's dtype, or None.
         weight: [H] bf16/fp16/fp32, the activation dtype.
         eps: added to the mean square.
+        pdl: launch with programmatic dependent launch (module docstring).
         impl: "triton" (CUDA, or CPU under TRITON_INTERPRET=1) or "eager".
 
     Returns:
@@ -370,9 +416,10 @@ def add_rms_norm_partials(x: torch.Tensor, residual: torch.Tensor | None, weight
     """
     check_impl("add_rms_norm_partials", impl)
     if impl == "eager":
-        return add_rms_norm_partials_eager(x, residual, weight, eps)
+        return add_rms_norm_partials_eager(x, residual, weight, eps, pdl=pdl)
     T, H = _check_sublayer("add_rms_norm_partials", x, residual, weight)
     _check_device_and_dtype("add_rms_norm_partials", weight.dtype, x, residual, weight)
+    _check_pdl("add_rms_norm_partials", pdl, weight.device)
     num_splits, stride_xs, stride_xt, partials = _sublayer_args(x)
     out = torch.empty((T, H), dtype=weight.dtype, device=weight.device)
     write_residual = partials or residual is not None
@@ -382,12 +429,12 @@ def add_rms_norm_partials(x: torch.Tensor, residual: torch.Tensor | None, weight
         _add_rms_norm_partials_kernel[(T,)](
             x, r, weight, out, r_out, H, stride_xs, stride_xt, r.stride(0), eps, NUM_SPLITS=num_splits,
             PARTIALS=partials, HAS_RESIDUAL=residual is not None, WRITE_RESIDUAL=write_residual,
-            BLOCK_H=triton.next_power_of_2(H), num_warps=4)
+            BLOCK_H=triton.next_power_of_2(H), PDL=pdl, num_warps=4, **_pdl_launch(pdl))
     return out, r_out
 
 
 def add_rms_norm_partials_eager(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                                *, impl: str = "eager") -> tuple[torch.Tensor, torch.Tensor]:
+                                *, pdl: bool = False, impl: str = "eager") -> tuple[torch.Tensor, torch.Tensor]:
     """The eager twin (same arguments and results as `add_rms_norm_partials`)."""
     check_eager_impl("add_rms_norm_partials_eager", impl)
     if x.dim() == 3:
@@ -396,7 +443,7 @@ def add_rms_norm_partials_eager(x: torch.Tensor, residual: torch.Tensor | None, 
 
 
 def linear_partials(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                    split: int = SPLIT_K, impl: str = "triton") -> torch.Tensor:
+                    split: int = SPLIT_K, pdl: bool = False, impl: str = "triton") -> torch.Tensor:
     """x @ weight.T (+ bias) as fp32 partial sums over splits of K, for `norm_linear` or
     `add_rms_norm_partials` to add (and round once) in their prologue.
 
@@ -405,6 +452,7 @@ def linear_partials(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
         weight: [N, K] in x's dtype, last dim contiguous.
         bias: [N] in x's dtype, or None; added to the first partial.
         split: K columns per partial, a power of two >= 16.
+        pdl: launch with programmatic dependent launch (module docstring).
         impl: "triton" (CUDA, or CPU under TRITON_INTERPRET=1) or "eager".
 
     Returns:
@@ -412,9 +460,10 @@ def linear_partials(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     """
     check_impl("linear_partials", impl)
     if impl == "eager":
-        return linear_partials_eager(x, weight, bias, split=split)
+        return linear_partials_eager(x, weight, bias, split=split, pdl=pdl)
     T, K, N = _check_partials_args(x, weight, bias, split)
     _check_device_and_dtype("linear_partials", x.dtype, x, weight, bias)
+    _check_pdl("linear_partials", pdl, x.device)
     num_splits = triton.cdiv(K, split)
     out = torch.empty((num_splits, T, N), dtype=torch.float32, device=x.device)
     if T and N:
@@ -423,12 +472,12 @@ def linear_partials(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
         _linear_partials_kernel[(triton.cdiv(N, rows), num_splits)](
             x, weight, weight if bias is None else bias, out, T, K, N, x.stride(0), weight.stride(0),
             out.stride(0), out.stride(1), HAS_BIAS=bias is not None, BLOCK_T=_token_tile(T, rows * block_k, x.device),
-            BLOCK_N=rows, BLOCK_K=block_k, num_warps=4)
+            BLOCK_N=rows, BLOCK_K=block_k, PDL=pdl, num_warps=4, **_pdl_launch(pdl))
     return out
 
 
 def linear_partials_eager(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                          split: int = SPLIT_K, impl: str = "eager") -> torch.Tensor:
+                          split: int = SPLIT_K, pdl: bool = False, impl: str = "eager") -> torch.Tensor:
     """The eager twin (same arguments and result as `linear_partials`): one fp32 matmul per split."""
     check_eager_impl("linear_partials_eager", impl)
     _check_partials_args(x, weight, bias, split)

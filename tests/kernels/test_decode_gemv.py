@@ -21,6 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from oreal_fast.kernels.common import pdl_available
 from oreal_fast.kernels.decode_gemv import (add_rms_norm_partials, add_rms_norm_partials_eager, linear_partials,
                                             linear_partials_eager, norm_linear, norm_linear_eager)
 from oreal_fast.kernels.trunk_inference import add_rms_norm_eager, silu_mul_eager
@@ -210,6 +211,10 @@ def test_bad_inputs_raise():
         linear_partials(x, W.double())
     with pytest.raises(ValueError, match="impl must be 'eager'"):
         linear_partials_eager(x, W, impl="triton")
+    for call in (lambda: norm_linear(x, None, w, EPS, W, pdl=True), lambda: linear_partials(x, W, pdl=True),
+                 lambda: add_rms_norm_partials(x, None, w, EPS, pdl=True)):
+        with pytest.raises(ValueError, match="pdl=True needs a CUDA device of compute capability >= 9"):
+            call()
 
 
 # ---------------------------------------------------------------------------------- the model
@@ -285,13 +290,21 @@ def test_inference_model_few_token_path_gives_the_plain_paths_tokens_and_logits(
 H, I, NQKV, L = 896, 4864, 1152, 24  # Qwen2.5-0.5B: hidden, intermediate, q|k|v rows (14 + 2 + 2 heads of 64)
 
 
+def _pdl_params():
+    available = torch.cuda.is_available() and pdl_available(torch.device("cuda"))
+    skip = pytest.mark.skipif(not available, reason="programmatic dependent launch needs compute capability >= 9")
+    return [False, pytest.param(True, marks=skip)]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("pdl", _pdl_params(), ids=["launched", "pdl"])
 @pytest.mark.parametrize("T", [1, 5, 16])
-def test_one_layer_at_the_real_shape_in_a_cuda_graph_matches_eager(T):
+def test_one_layer_at_the_real_shape_in_a_cuda_graph_matches_eager(T, pdl):
     """bf16, weights at 0.02 init: the down partials into the q|k|v norm_linear (with bias), the
     attention output (a stand-in: q's columns) into the o partials, the gate|up SwiGLU, the down
     partials into the final norm, captured in one CUDA graph and replayed on new inputs; each
-    output against the twins' chain on the same inputs."""
+    output against the twins' chain on the same inputs. With `pdl` every kernel is launched with
+    programmatic dependent launch: its outputs also equal a graph of plain launches bit for bit."""
     g = torch.Generator(device="cuda").manual_seed(T)
     dt = torch.bfloat16
 
@@ -303,23 +316,30 @@ def test_one_layer_at_the_real_shape_in_a_cuda_graph_matches_eager(T):
     norms = [1 + randn(H, scale=0.1) for _ in range(3)]
     act_in, residual = randn(T, I), randn(T, H, scale=4.0)
 
-    def layer(impl):
-        p_down = (linear_partials if impl == "triton" else linear_partials_eager)(act_in, w_down)
+    def layer(impl, pdl=False):
+        p_down = (linear_partials if impl == "triton" else linear_partials_eager)(act_in, w_down, pdl=pdl)
         f = norm_linear if impl == "triton" else norm_linear_eager
-        qkv, r = f(p_down, residual, norms[0], EPS, w_qkv, b_qkv)
-        p_o = (linear_partials if impl == "triton" else linear_partials_eager)(qkv[:, :H], w_o)
-        act, r = f(p_o, r, norms[1], EPS, w_gu, swiglu=True)
-        p = (linear_partials if impl == "triton" else linear_partials_eager)(act, w_down)
-        out, r = (add_rms_norm_partials if impl == "triton" else add_rms_norm_partials_eager)(p, r, norms[2], EPS)
+        qkv, r = f(p_down, residual, norms[0], EPS, w_qkv, b_qkv, pdl=pdl)
+        p_o = (linear_partials if impl == "triton" else linear_partials_eager)(qkv[:, :H], w_o, pdl=pdl)
+        act, r = f(p_o, r, norms[1], EPS, w_gu, swiglu=True, pdl=pdl)
+        p = (linear_partials if impl == "triton" else linear_partials_eager)(act, w_down, pdl=pdl)
+        out, r = (add_rms_norm_partials if impl == "triton" else add_rms_norm_partials_eager)(p, r, norms[2], EPS,
+                                                                                            pdl=pdl)
         return qkv, act, out, r
 
-    layer("triton")  # compiles outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = layer("triton")
+    graphs, outs = [], []
+    for launch in sorted({False, pdl}):
+        layer("triton", launch)  # compiles outside the capture
+        graphs.append(torch.cuda.CUDAGraph())
+        with torch.cuda.graph(graphs[-1]):
+            outs.append(layer("triton", launch))
     act_in.copy_(randn(T, I))
     residual.copy_(randn(T, H, scale=4.0))
-    graph.replay()
+    for graph in graphs:
+        graph.replay()
+    if pdl:
+        assert all(torch.equal(a, b) for a, b in zip(*outs))
+    outs = outs[-1]
     refs = layer("eager")
     for name, got, ref in zip(("qkv", "act", "out", "residual"), outs, refs):
         # each value rounded where the twins round it: rare one-ulp flips that may grow by a few ulps

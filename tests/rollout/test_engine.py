@@ -248,3 +248,9 @@ def test_per_prompt_caps_must_match_the_prompts(models):
     with pytest.raises(ValueError, match="one int >= 1 per prompt"):
         e.generate(BASE, greedy(5), torch.Generator(), max_new_per_prompt=[3, 0, 3, 3])
     assert_pool_empty(e)
+
+
+def test_programmatic_dependent_launch_off_hopper_is_refused_at_build(models):
+    with pytest.raises(ValueError, match="gemv_pdl: programmatic dependent launch needs a CUDA device of compute "
+                                         "capability >= 9"):
+        engine(models[1], gemv_max_tokens=1, gemv_pdl=True)

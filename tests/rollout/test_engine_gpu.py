@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.logprob_gpu import rollout_logprob_diffs
+from oreal_fast.kernels.common import pdl_available
 from oreal_fast.kernels.trunk_train import TRAIN_OPS
 from oreal_fast.model.decoder import Decoder, DecoderConfig
 from oreal_fast.rollout import EngineConfig, PagedEngine, PlainSampler, SamplingParams
@@ -124,6 +125,22 @@ def test_cuda_graph_decode_equals_eager_decode(model, prompts, block_size, do_sa
     assert a == b
     assert graphs.runner.tail_graphs and not eager.runner.tail_graphs
     assert graphs.stats()["decode_steps"] == NEW - 1  # the first token comes from the prefill
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not pdl_available(torch.device("cuda")),
+                    reason="programmatic dependent launch needs compute capability >= 9")
+def test_programmatic_dependent_launch_changes_no_token(model, prompts):
+    """The GEMV layers with `gemv_pdl` run the same instructions on the same data, only launched
+    earlier: sampled (top-p 0.9) in rounds of 8 from CUDA graphs, every token and log-prob equal."""
+    params = SamplingParams(max_new_tokens=NEW, max_length=MAX_LEN, top_p=0.9)
+    runs = []
+    for pdl in (False, True):
+        engine = make_engine(model, decode_steps_per_round=8, gemv_max_tokens=16, gemv_pdl=pdl)
+        assert engine.runner.model.gemv_pdl is pdl
+        runs.append((engine.generate(prompts, params, torch.Generator("cuda").manual_seed(5)),
+                     engine.response_logprobs()))
+    assert runs[0][0] == runs[1][0]
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))
 
 
 def test_stops_inside_a_round_and_preemption_between_rounds_graph_equals_eager(model, prompts, gemv_max_tokens):

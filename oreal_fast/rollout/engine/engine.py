@@ -97,6 +97,9 @@ class EngineConfig:
     # forwards of at most this many tokens run the few-token GEMV layers (CUDA): they win at one token
     # (decode step 1.01 vs 1.13 GPU ms on an H100) and lose from four on (benchmarks/RESULTS.md)
     gemv_max_tokens: int = 1
+    # the GEMV layers' kernels launch with programmatic dependent launch (Hopper and later), each
+    # loading its weights while the kernel before it finishes; off until measured on a GPU
+    gemv_pdl: bool = False
 
     def __post_init__(self) -> None:
         if self.decode_steps_per_round < 1:
@@ -147,7 +150,7 @@ class PagedEngine:
         self.runner = ModelRunner(actor, dtype=dtype, num_blocks=capacity + 1, block_size=config.block_size,
                                   max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
                                   cuda_graph=config.cuda_graph, steps_per_round=config.decode_steps_per_round,
-                                  gemv_max_tokens=config.gemv_max_tokens)
+                                  gemv_max_tokens=config.gemv_max_tokens, gemv_pdl=config.gemv_pdl)
         self._track_blocks(capacity)
         self.device = self.runner.device
         self.oom_counts = {"prefill_oom_splits": 0, "pool_oom_shrinks": 0}  # since the last call's stats

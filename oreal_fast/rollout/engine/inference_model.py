@@ -32,7 +32,8 @@ to 9 (cuBLAS adds split-K reductions at small T):
 ending with `add_rms_norm_partials(x, r, norm)`. The caller sets the threshold (the engine's
 `EngineConfig.gemv_max_tokens`, 1: on an H100 the path wins at one token and loses from four,
 benchmarks/test_bench_decode_gemv.py); a decode CUDA graph's batch bucket fixes its T, so each
-graph takes one path.
+graph takes one path. With `gemv_pdl` these kernels launch with programmatic dependent launch
+(Hopper and later): each loads its weights while the kernel before it finishes.
 
 Not here: training (no autograd; the trained model is the Decoder), the KV pool and attention
 (`model_runner`), sampling. Kernels run as Triton on CUDA (`impl="triton"`) and as their eager
@@ -112,16 +113,17 @@ class Layer(nn.Module):
         return self.mlp(h), residual
 
     def forward_gemv(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
-                     rope: torch.Tensor, cache: PagedCache) -> tuple[torch.Tensor, torch.Tensor]:
+                     rope: torch.Tensor, cache: PagedCache, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward` as few-token Triton GEMVs: x [T, H] or [S, T, H] fp32 partial sums of the
-        previous sublayer's output -> (this MLP's output as [S', T, H] fp32 partial sums, residual)."""
+        previous sublayer's output -> (this MLP's output as [S', T, H] fp32 partial sums, residual);
+        `pdl`: launch them with programmatic dependent launch."""
         attn, mlp = self.attn, self.mlp
-        qkv, residual = norm_linear(x, residual, self.attn_norm, self.eps, attn.qkv.weight, attn.qkv.bias)
+        qkv, residual = norm_linear(x, residual, self.attn_norm, self.eps, attn.qkv.weight, attn.qkv.bias, pdl=pdl)
         out = cache.attend(attn.layer, qkv, positions, rope)  # (T, Hq, D)
-        x = linear_partials(out.flatten(1), attn.o.weight, attn.o.bias)  # (S, T, H) fp32
+        x = linear_partials(out.flatten(1), attn.o.weight, attn.o.bias, pdl=pdl)  # (S, T, H) fp32
         act, residual = norm_linear(x, residual, self.mlp_norm, self.eps, mlp.gate_up.weight, mlp.gate_up.bias,
-                                    swiglu=True)  # (T, I)
-        return linear_partials(act, mlp.down.weight), residual
+                                    swiglu=True, pdl=pdl)  # (T, I)
+        return linear_partials(act, mlp.down.weight, pdl=pdl), residual
 
 
 class InferenceModel(nn.Module):
@@ -133,13 +135,15 @@ class InferenceModel(nn.Module):
         impl: "triton" (CUDA, or CPU under TRITON_INTERPRET=1) or "eager": the trunk ops' implementation.
         gemv_max_tokens: with impl "triton", forwards of at most this many tokens run the few-token
             GEMV layers (module docstring); 0 (this class's default) never does.
+        gemv_pdl: the GEMV layers' kernels launch with programmatic dependent launch (a CUDA device
+            of compute capability >= 9: `kernels.common.pdl_available`).
     """
 
     def __init__(self, config: DecoderConfig, *, device: torch.device | str, dtype: torch.dtype, impl: str,
-                 gemv_max_tokens: int = 0) -> None:
+                 gemv_max_tokens: int = 0, gemv_pdl: bool = False) -> None:
         super().__init__()
         factory = {"device": device, "dtype": dtype}
-        self.config, self.impl, self.gemv_max_tokens = config, impl, gemv_max_tokens
+        self.config, self.impl, self.gemv_max_tokens, self.gemv_pdl = config, impl, gemv_max_tokens, gemv_pdl
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size, **factory)
         self.layers = nn.ModuleList(Layer(config, i, impl, **factory) for i in range(config.num_layers))
         self.norm = nn.Parameter(torch.empty(config.hidden_size, **factory))
@@ -169,8 +173,8 @@ class InferenceModel(nn.Module):
         rope, eps = self.rope_table(), self.config.rms_norm_eps
         if self.impl == "triton" and x.shape[0] <= self.gemv_max_tokens:
             for layer in self.layers:
-                x, residual = layer.forward_gemv(x, residual, positions, rope, cache)
-            hidden, _ = add_rms_norm_partials(x, residual, self.norm, eps)
+                x, residual = layer.forward_gemv(x, residual, positions, rope, cache, pdl=self.gemv_pdl)
+            hidden, _ = add_rms_norm_partials(x, residual, self.norm, eps, pdl=self.gemv_pdl)
         else:
             for layer in self.layers:
                 x, residual = layer(x, residual, positions, rope, cache)

@@ -73,6 +73,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from oreal_fast.kernels.common import pdl_available
 from oreal_fast.kernels.paged_attention import paged_decode_attention
 from oreal_fast.kernels.sampling import sample_with_logprobs, token_logprobs
 from oreal_fast.kernels.trunk_inference import rope_write_kv
@@ -150,11 +151,12 @@ class ModelRunner:
         steps_per_round: the most decode steps of one round.
         gemv_max_tokens: forwards of at most this many tokens (decode buckets, small prefills) run
             the weight copy's few-token GEMV layers on CUDA (`InferenceModel`); 0 never does.
+        gemv_pdl: those layers' kernels launch with programmatic dependent launch.
     """
 
     def __init__(self, actor: Decoder, *, dtype: torch.dtype, num_blocks: int, block_size: int,
                  max_num_seqs: int, max_model_len: int, cuda_graph: bool, steps_per_round: int,
-                 gemv_max_tokens: int) -> None:
+                 gemv_max_tokens: int, gemv_pdl: bool) -> None:
         device = actor.embed.weight.device
         self.device, self.dtype, self.block_size = device, dtype, block_size
         self.num_blocks, self.max_num_seqs = num_blocks, max_num_seqs
@@ -169,9 +171,12 @@ class ModelRunner:
         if max_model_len > max_rope_positions(c):
             raise ValueError(f"max_model_len {max_model_len} exceeds the {max_rope_positions(c)} positions "
                              f"of the model's rope table")
+        if gemv_pdl and not pdl_available(device):
+            raise ValueError(f"gemv_pdl: programmatic dependent launch needs a CUDA device of compute capability "
+                             f">= 9 and a Triton with launch_pdl; got {device}")
         # on CUDA the copy's elementwise ops are Triton kernels (forward only), elsewhere their eager twins
         self.model = InferenceModel(c, device=device, dtype=dtype, impl=self.attn_impl,
-                                    gemv_max_tokens=gemv_max_tokens).eval()
+                                    gemv_max_tokens=gemv_max_tokens, gemv_pdl=gemv_pdl).eval()
         self.prefill_backend = make_backend(resolve_backend_name("auto", device, dtype))
         self.sync_weights(full_weights(actor))
         self._allocate_row_state(steps_per_round)
