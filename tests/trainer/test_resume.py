@@ -13,6 +13,7 @@ import torch
 from oreal_fast import checkpoint as ckpt
 from oreal_fast.config import ConfigError, load_config
 from oreal_fast.metrics import reproducible_metrics
+from oreal_fast.recompute import activation_bytes_per_token
 from oreal_fast.trainer import Trainer
 
 from trainer_helpers import KeywordRouter, ScriptedRollout, make_tokenizer, write_config
@@ -188,3 +189,33 @@ def test_a_resume_state_is_mapped_from_its_file_and_unmapped_with_its_tensors(tm
     assert mapped() and torch.equal(state["actor"]["w"], torch.arange(4096.0))
     del state
     assert not mapped()
+
+
+class PeakRollout(ScriptedRollout):
+    """A scripted rollout that records the peaks each `fit_memory` call is given."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.peaks = []
+
+    def fit_memory(self, peak_gib):
+        self.peaks.append(dict(peak_gib))
+
+
+def test_the_pool_is_sized_from_the_rl_peak_grown_to_a_full_micro_batch(tmp_path, tiny_model_dir, prompt_file):
+    """Every kept trajectory in one micro-batch of a 4096-token budget: the rollout is told the step's
+    measured RL peak plus the activations of the 4096 - num_rl_tokens tokens the micro-batch was short of."""
+    cfg_path = write_config(tmp_path, tiny_model_dir, tiny_model_dir, prompt_file, filter_trajectory=False,
+                            rl_micro_batch_tokens=4096, total_steps=2)
+    tok = make_tokenizer()
+    rollout = PeakRollout(tok, TEXTS, tok.convert_tokens_to_ids("<|im_end|>"))
+    trainer = Trainer(load_config(cfg_path), rollout=rollout, router=KeywordRouter())
+    with open(os.path.join(trainer.fit(), "rank0.log.jsonl")) as f:
+        logged = [json.loads(line) for line in f]
+    models = trainer.models
+    per_token = max(activation_bytes_per_token(m, torch.float32) for m in (models.actor, models.token_rm.backbone))
+    assert len(rollout.peaks) == len(logged) == 2
+    for peaks, row in zip(rollout.peaks, logged):
+        assert 0 < row["num_rl_tokens"] < 4096
+        assert peaks["gen"] == row["max_memory_gen"]
+        assert peaks["rl"] == pytest.approx(row["max_memory_rl"] + per_token * (4096 - row["num_rl_tokens"]) / 2**30)
