@@ -9,7 +9,8 @@ syncs with the host (a device-side fact is checked with ``torch._assert_async``)
 An LM-head kernel takes its own casts (`autocast_operands`): under an enabled autocast it casts
 hidden states and head weight to the autocast dtype itself, as autocast would cast a matmul's
 operands, and computes with autocast off, so callers hand it fp32 masters or FSDP-gathered weights
-alike. What this module does not hold: any kernel, or anything one family alone uses.
+alike. What this module does not hold: any kernel (only the grid dependency control functions kernels
+call when launched with programmatic dependent launch), or anything one family alone uses.
 """
 
 from __future__ import annotations
@@ -17,7 +18,19 @@ from __future__ import annotations
 from typing import TypeVar
 
 import torch
+import triton
 import triton.language as tl
+
+try:  # grid dependency control, for kernels launched with programmatic dependent launch (`pdl_available`)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # a Triton without it: `pdl_available` is False, so no kernel calls these
+    @triton.jit
+    def gdc_wait():
+        pass
+
+    @triton.jit
+    def gdc_launch_dependents():
+        pass
 
 # Labels of positions that predict nothing (prompt tokens, the final position): zero loss, zero gradient.
 IGNORE_INDEX = -100
@@ -76,6 +89,18 @@ def pdl_available(device: torch.device) -> bool:
     except ImportError:
         return False
     return "launch_pdl" in CUDAOptions.__dataclass_fields__
+
+
+def pdl_launch(pdl: bool) -> dict[str, bool]:
+    """The launch option of programmatic dependent launch, when asked for."""
+    return {"launch_pdl": True} if pdl else {}
+
+
+def check_pdl(name: str, pdl: bool, device: torch.device) -> None:
+    """``pdl`` asked only where `pdl_available`."""
+    if pdl and not pdl_available(device):
+        raise ValueError(f"{name}: pdl=True needs a CUDA device of compute capability >= 9 and a Triton with "
+                         f"launch_pdl; got {device}")
 
 
 def multiprocessor_count(device: torch.device) -> int:

@@ -85,20 +85,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from oreal_fast.kernels.common import (TRITON_DTYPES, check_eager_impl, check_impl, multiprocessor_count, pdl_available,
-                                       tiles_for)
+from oreal_fast.kernels.common import (TRITON_DTYPES, check_eager_impl, check_impl, check_pdl, gdc_launch_dependents,
+                                       gdc_wait, multiprocessor_count, pdl_launch, tiles_for)
 from oreal_fast.kernels.trunk_inference import add_rms_norm_eager, rms_norm_rounded, silu_mul_eager, silu_mul_rounded
-
-try:
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # a Triton without grid dependency control: `pdl_available` is False, PDL never on
-    @triton.jit
-    def gdc_wait():
-        pass
-
-    @triton.jit
-    def gdc_launch_dependents():
-        pass
 
 # K columns per partial sum of `linear_partials` (a power of two): the down projection (K 4864)
 # gets 3 splits, the o projection (K 896) 1; one split is one program's tile width.
@@ -314,17 +303,6 @@ def _sublayer_args(x: torch.Tensor) -> tuple[int, int, int, bool]:
     return 1, 0, x.stride(0), False
 
 
-def _pdl_launch(pdl: bool) -> dict[str, bool]:
-    """The launch option of programmatic dependent launch, when asked for."""
-    return {"launch_pdl": True} if pdl else {}
-
-
-def _check_pdl(name: str, pdl: bool, device: torch.device) -> None:
-    if pdl and not pdl_available(device):
-        raise ValueError(f"{name}: pdl=True needs a CUDA device of compute capability >= 9 and a Triton with "
-                         f"launch_pdl; got {device}")
-
-
 def _launch_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                         weight: torch.Tensor, bias: torch.Tensor | None, swiglu: bool,
                         T: int, H: int, N: int, pdl: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -344,7 +322,7 @@ def _launch_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_wei
             NUM_SPLITS=num_splits, PARTIALS=partials, HAS_RESIDUAL=residual is not None,
             WRITE_RESIDUAL=write_residual, HAS_BIAS=bias is not None, SWIGLU=swiglu,
             BLOCK_T=_token_tile(T, rows * width, device), BLOCK_N=rows, BLOCK_H=BLOCK_H, PDL=pdl, num_warps=4,
-            **_pdl_launch(pdl))
+            **pdl_launch(pdl))
     return y, r_out
 
 
@@ -378,7 +356,7 @@ def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: tor
     T, H = _check_sublayer("norm_linear", x, residual, norm_weight)
     N = _check_linear("norm_linear", H, weight, bias, norm_weight.dtype, swiglu)
     _check_device_and_dtype("norm_linear", norm_weight.dtype, x, residual, norm_weight, weight, bias)
-    _check_pdl("norm_linear", pdl, norm_weight.device)
+    check_pdl("norm_linear", pdl, norm_weight.device)
     return _launch_norm_linear(x, residual, norm_weight, eps, weight, bias, swiglu, T, H, N, pdl)
 
 
@@ -419,7 +397,7 @@ def add_rms_norm_partials(x: torch.Tensor, residual: torch.Tensor | None, weight
         return add_rms_norm_partials_eager(x, residual, weight, eps, pdl=pdl)
     T, H = _check_sublayer("add_rms_norm_partials", x, residual, weight)
     _check_device_and_dtype("add_rms_norm_partials", weight.dtype, x, residual, weight)
-    _check_pdl("add_rms_norm_partials", pdl, weight.device)
+    check_pdl("add_rms_norm_partials", pdl, weight.device)
     num_splits, stride_xs, stride_xt, partials = _sublayer_args(x)
     out = torch.empty((T, H), dtype=weight.dtype, device=weight.device)
     write_residual = partials or residual is not None
@@ -429,7 +407,7 @@ def add_rms_norm_partials(x: torch.Tensor, residual: torch.Tensor | None, weight
         _add_rms_norm_partials_kernel[(T,)](
             x, r, weight, out, r_out, H, stride_xs, stride_xt, r.stride(0), eps, NUM_SPLITS=num_splits,
             PARTIALS=partials, HAS_RESIDUAL=residual is not None, WRITE_RESIDUAL=write_residual,
-            BLOCK_H=triton.next_power_of_2(H), PDL=pdl, num_warps=4, **_pdl_launch(pdl))
+            BLOCK_H=triton.next_power_of_2(H), PDL=pdl, num_warps=4, **pdl_launch(pdl))
     return out, r_out
 
 
@@ -463,7 +441,7 @@ def linear_partials(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
         return linear_partials_eager(x, weight, bias, split=split, pdl=pdl)
     T, K, N = _check_partials_args(x, weight, bias, split)
     _check_device_and_dtype("linear_partials", x.dtype, x, weight, bias)
-    _check_pdl("linear_partials", pdl, x.device)
+    check_pdl("linear_partials", pdl, x.device)
     num_splits = triton.cdiv(K, split)
     out = torch.empty((num_splits, T, N), dtype=torch.float32, device=x.device)
     if T and N:
@@ -472,7 +450,7 @@ def linear_partials(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
         _linear_partials_kernel[(triton.cdiv(N, rows), num_splits)](
             x, weight, weight if bias is None else bias, out, T, K, N, x.stride(0), weight.stride(0),
             out.stride(0), out.stride(1), HAS_BIAS=bias is not None, BLOCK_T=_token_tile(T, rows * block_k, x.device),
-            BLOCK_N=rows, BLOCK_K=block_k, PDL=pdl, num_warps=4, **_pdl_launch(pdl))
+            BLOCK_N=rows, BLOCK_K=block_k, PDL=pdl, num_warps=4, **pdl_launch(pdl))
     return out
 
 

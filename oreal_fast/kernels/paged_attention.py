@@ -55,6 +55,8 @@ import torch
 import triton
 import triton.language as tl
 
+from oreal_fast.kernels.common import check_pdl, gdc_launch_dependents, gdc_wait, pdl_launch
+
 IMPLS = ("triton", "eager")
 _LOG2E = 1.4426950408889634
 # Stand-in for -inf inside the walk: exp2 of it minus a real max is 0, never NaN. Every tile the
@@ -92,8 +94,11 @@ def _paged_decode_split_kernel(
     stride_btb, stride_ob, stride_oh, stride_os,
     qk_scale, G, num_splits,
     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr,
-    BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:  # q and this step's K/V row are the previous kernel's: only the launch overlaps it
+        gdc_launch_dependents()
+        gdc_wait()
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -153,8 +158,11 @@ def _paged_decode_split_kernel(
 @triton.jit
 def _paged_decode_combine_kernel(
     W_ptr, M_ptr, L_ptr, Out_ptr, stride_outb, stride_outh, num_splits,
-    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     b = tl.program_id(0).to(tl.int64)
     hq = tl.program_id(1)
     row = b * tl.num_programs(1) + hq
@@ -235,7 +243,7 @@ def _check_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-            num_splits: int | None, tiles: _Tiles) -> torch.Tensor:
+            num_splits: int | None, tiles: _Tiles, pdl: bool) -> torch.Tensor:
     """Runs stage 1 (and stage 2 with more than one split); returns out [B, Hq, D] in q's dtype."""
     B, Hq, D = q.shape
     block_size, Hkv = k_cache.shape[1], k_cache.shape[2]
@@ -260,13 +268,13 @@ def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         BLOCK_SIZE=block_size, HEAD_DIM=D, BLOCK_G=max(16, triton.next_power_of_2(G)),
         BLOCK_N=tiles.block_n, SPLIT=S > 1,
         # fp32 inputs get a true fp32 dot (tf32 would cost ~1e-3 relative error).
-        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", PDL=pdl,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_launch(pdl),
     )
     if S > 1:
         _paged_decode_combine_kernel[(B, Hq)](
             work, m, l, out, out.stride(0), out.stride(1), S,
-            HEAD_DIM=D, BLOCK_S=triton.next_power_of_2(S), num_warps=1,
+            HEAD_DIM=D, BLOCK_S=triton.next_power_of_2(S), PDL=pdl, num_warps=1, **pdl_launch(pdl),
         )
     return out
 
@@ -281,6 +289,7 @@ def paged_decode_attention(
     scale: float | None = None,
     impl: str = "triton",
     num_splits: int | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Attention of one query token per sequence over its paged K/V context (decode step).
 
@@ -297,6 +306,8 @@ def paged_decode_attention(
         scale: softmax scale, default D ** -0.5.
         impl: "triton" (the kernels) or "eager" (`paged_decode_attention_eager`).
         num_splits: splits of the context per sequence (> 0); None picks it from the shapes.
+        pdl: launch with programmatic dependent launch (`common.pdl_available` devices): each
+            kernel waits for the one before it first thing, so only its launch overlaps that kernel.
 
     Returns:
         out: [B, Hq, D] in q's dtype.
@@ -305,13 +316,14 @@ def paged_decode_attention(
         raise ValueError(f"paged_decode_attention: impl must be one of {IMPLS}, got {impl!r}")
     if impl == "eager":
         return paged_decode_attention_eager(q, k_cache, v_cache, block_tables, context_lens,
-                                            scale=scale, num_splits=num_splits)
+                                            scale=scale, num_splits=num_splits, pdl=pdl)
     _check_inputs(q, k_cache, v_cache, block_tables, context_lens)
     _check_triton(q, k_cache, v_cache, block_tables, context_lens)
     if num_splits is not None and num_splits < 1:
         raise ValueError(f"paged_decode_attention: num_splits must be >= 1, got {num_splits}")
+    check_pdl("paged_decode_attention", pdl, q.device)
     scale = q.shape[2] ** -0.5 if scale is None else scale
-    return _launch(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, _tiles(q.device))
+    return _launch(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, _tiles(q.device), pdl)
 
 
 def _eager_chunk(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -345,8 +357,10 @@ def paged_decode_attention_eager(
     scale: float | None = None,
     impl: str = "eager",
     num_splits: int | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
-    """The plain-PyTorch twin of `paged_decode_attention` (the CPU path and the test oracle).
+    """The plain-PyTorch twin of `paged_decode_attention` (the CPU path and the test oracle;
+    ``pdl``, a launch option, changes nothing here).
 
     Gathers each chunk of sequences' blocks into [b, L, Hkv, D] and attends in fp32 (fp64 for
     fp64 inputs), a chunk of sequences at a time so memory stays near `_EAGER_CHUNK_ELEMS`

@@ -55,6 +55,7 @@ import torch
 import triton
 import triton.language as tl
 
+from oreal_fast.kernels.common import check_pdl, gdc_launch_dependents, gdc_wait, pdl_launch
 from oreal_fast.model import decoder as model
 
 IMPLS = ("triton", "eager")
@@ -182,7 +183,11 @@ def _rope_write_kv_kernel(QKV_ptr, Pos_ptr, Rope_ptr, Slot_ptr, Q_ptr, K_ptr, V_
                           stride_qkv, stride_rope_pos, stride_rope_cs, stride_k_slot, stride_k_head,
                           stride_v_slot, stride_v_head,
                           HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr,
-                          BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_D: tl.constexpr):
+                          BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_D: tl.constexpr,
+                          PDL: tl.constexpr):
+    if PDL:  # everything it reads but the rope table is a previous kernel's: only the launch overlaps
+        gdc_launch_dependents()
+        gdc_wait()
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(Pos_ptr + t).to(tl.int64)
     # int64: slot * stride exceeds int32 in a pool of more than 2^31 elements
@@ -234,9 +239,10 @@ def _check_rope_write_kv(qkv: torch.Tensor, positions: torch.Tensor, rope: torch
 
 
 def rope_write_kv_eager(qkv: torch.Tensor, positions: torch.Tensor, rope: torch.Tensor, k_cache: torch.Tensor,
-                        v_cache: torch.Tensor, slots: torch.Tensor, *, impl: str = "eager") -> torch.Tensor:
+                        v_cache: torch.Tensor, slots: torch.Tensor, *, pdl: bool = False,
+                        impl: str = "eager") -> torch.Tensor:
     """The eager twin (same arguments, writes and result as `rope_write_kv`): the model's rope on
-    the split q, k, v, and two index copies into the pool."""
+    the split q, k, v, and two index copies into the pool (``pdl``, a launch option, changes nothing)."""
     Hq = _check_rope_write_kv(qkv, positions, rope, k_cache, v_cache, slots)
     T, (_, _, Hkv, D) = qkv.shape[0], k_cache.shape
     q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=-1)
@@ -248,7 +254,7 @@ def rope_write_kv_eager(qkv: torch.Tensor, positions: torch.Tensor, rope: torch.
 
 
 def rope_write_kv(qkv: torch.Tensor, positions: torch.Tensor, rope: torch.Tensor, k_cache: torch.Tensor,
-                  v_cache: torch.Tensor, slots: torch.Tensor, *, impl: str = "triton") -> torch.Tensor:
+                  v_cache: torch.Tensor, slots: torch.Tensor, *, pdl: bool = False, impl: str = "triton") -> torch.Tensor:
     """Rope q and k of a packed q|k|v projection, write k and v into a paged KV pool, return q.
 
     Args:
@@ -259,6 +265,8 @@ def rope_write_kv(qkv: torch.Tensor, positions: torch.Tensor, rope: torch.Tensor
         k_cache, v_cache: [num_blocks, block_size, Hkv, D] in qkv's dtype: one layer's pools,
             written in place at the slots.
         slots: [T] int64 pool slot (block * block_size + offset) of each token, in range.
+        pdl: launch with programmatic dependent launch (`common.pdl_available` devices): the kernel
+            waits for the one before it first thing, so only its launch overlaps that kernel.
         impl: "triton" (on CPU only under TRITON_INTERPRET=1) or "eager".
 
     Returns:
@@ -266,8 +274,9 @@ def rope_write_kv(qkv: torch.Tensor, positions: torch.Tensor, rope: torch.Tensor
     """
     _check_impl(impl, "rope_write_kv")
     if impl == "eager":
-        return rope_write_kv_eager(qkv, positions, rope, k_cache, v_cache, slots)
+        return rope_write_kv_eager(qkv, positions, rope, k_cache, v_cache, slots, pdl=pdl)
     Hq = _check_rope_write_kv(qkv, positions, rope, k_cache, v_cache, slots)
+    check_pdl("rope_write_kv", pdl, qkv.device)
     T, (_, _, Hkv, D) = qkv.shape[0], k_cache.shape
     q = torch.empty((T, Hq, D), dtype=qkv.dtype, device=qkv.device)
     if T:
@@ -276,7 +285,8 @@ def rope_write_kv(qkv: torch.Tensor, positions: torch.Tensor, rope: torch.Tensor
             qkv.stride(0), rope.stride(0), rope.stride(1), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(1), v_cache.stride(2),
             HQ=Hq, HKV=Hkv, HALF=D // 2, BLOCK_HQ=triton.next_power_of_2(Hq),
-            BLOCK_HKV=triton.next_power_of_2(Hkv), BLOCK_D=triton.next_power_of_2(D // 2), num_warps=4)
+            BLOCK_HKV=triton.next_power_of_2(Hkv), BLOCK_D=triton.next_power_of_2(D // 2), PDL=pdl, num_warps=4,
+            **pdl_launch(pdl))
     return q
 
 

@@ -203,8 +203,9 @@ def test_eager_rejects_context_past_the_table():
         (dict(k_cache=lambda k: k.transpose(1, 3).contiguous().transpose(1, 3)), "must be contiguous"),
         (dict(impl="cuda"), "impl must be one of"),
         (dict(num_splits=0), "num_splits must be >= 1"),
+        (dict(pdl=True), "pdl=True needs a CUDA device of compute capability >= 9"),
     ],
-    ids=["table_dtype", "lens_shape", "heads", "dtype", "head_dim", "contiguity", "impl", "splits"],
+    ids=["table_dtype", "lens_shape", "heads", "dtype", "head_dim", "contiguity", "impl", "splits", "pdl"],
 )
 def test_bad_arguments_name_the_fault(change, match):
     q, kc, vc, tables, ctx, *_ = _inputs([5, 20], 4, 2, 16, 16, "cpu")

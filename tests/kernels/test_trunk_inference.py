@@ -171,3 +171,5 @@ def test_bad_inputs_raise():
         rope_write_kv(torch.ones(2, 24), pos, rope, pool, pool.clone(), pos.int())
     with pytest.raises(ValueError, match="rope must be"):
         rope_write_kv(torch.ones(2, 24), pos, rope[:, :, :4], pool, pool.clone(), pos)
+    with pytest.raises(ValueError, match="pdl=True needs a CUDA device of compute capability >= 9"):
+        rope_write_kv(torch.ones(2, 24), pos, rope, pool, pool.clone(), pos, pdl=True)

@@ -97,8 +97,9 @@ class EngineConfig:
     # forwards of at most this many tokens run the few-token GEMV layers (CUDA): they win at one token
     # (decode step 1.01 vs 1.13 GPU ms on an H100) and lose from four on (benchmarks/RESULTS.md)
     gemv_max_tokens: int = 1
-    # the GEMV layers' kernels launch with programmatic dependent launch (Hopper and later), each
-    # loading its weights while the kernel before it finishes; off until measured on a GPU
+    # the GEMV layers' kernels, and the decode attention's between them, launch with programmatic
+    # dependent launch (Hopper and later): each loads its weights while the kernel before it
+    # finishes (docs/kernels.md); off until measured on a GPU
     gemv_pdl: bool = False
 
     def __post_init__(self) -> None:

@@ -33,7 +33,8 @@ ending with `add_rms_norm_partials(x, r, norm)`. The caller sets the threshold (
 `EngineConfig.gemv_max_tokens`, 1: on an H100 the path wins at one token and loses from four,
 benchmarks/test_bench_decode_gemv.py); a decode CUDA graph's batch bucket fixes its T, so each
 graph takes one path. With `gemv_pdl` these kernels launch with programmatic dependent launch
-(Hopper and later): each loads its weights while the kernel before it finishes.
+(Hopper and later): each loads its weights while the kernel before it finishes (the model runner
+launches the decode attention between them the same way).
 
 Not here: training (no autograd; the trained model is the Decoder), the KV pool and attention
 (`model_runner`), sampling. Kernels run as Triton on CUDA (`impl="triton"`) and as their eager

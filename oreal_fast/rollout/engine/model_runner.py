@@ -128,13 +128,15 @@ class DecodeCache:
     attending over the row's whole context through its block table."""
 
     def __init__(self, kv: torch.Tensor, slots: torch.Tensor, block_tables: torch.Tensor,
-                 context_lens: torch.Tensor, impl: str):
+                 context_lens: torch.Tensor, impl: str, pdl: bool = False):
         self.kv, self.slots, self.block_tables, self.context_lens, self.impl = kv, slots, block_tables, context_lens, impl
+        self.pdl = pdl  # the kernels launch with programmatic dependent launch (the GEMV layers' steps)
 
     def attend(self, layer: int, qkv: torch.Tensor, positions: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         kv = self.kv[layer]
-        q = rope_write_kv(qkv, positions, rope, kv[0], kv[1], self.slots, impl=self.impl)
-        return paged_decode_attention(q, kv[0], kv[1], self.block_tables, self.context_lens, impl=self.impl)
+        q = rope_write_kv(qkv, positions, rope, kv[0], kv[1], self.slots, pdl=self.pdl, impl=self.impl)
+        return paged_decode_attention(q, kv[0], kv[1], self.block_tables, self.context_lens, pdl=self.pdl,
+                                      impl=self.impl)
 
 
 class ModelRunner:
@@ -465,7 +467,9 @@ class ModelRunner:
         slots = block.to(torch.int64) * self.block_size + pos % self.block_size
         slots = slots.masked_fill(self.done[:b], 0)  # slot 0 of the null block: nothing reads it
         context = (pos + 1).to(torch.int32)
-        cache = DecodeCache(self.kv, slots, tables, context, self.attn_impl)
+        # the attention kernels launch as the GEMV layers around them do
+        pdl = self.model.gemv_pdl and self.attn_impl == "triton" and b <= self.model.gemv_max_tokens
+        cache = DecodeCache(self.kv, slots, tables, context, self.attn_impl, pdl=pdl)
         out = self.logits[:b]
 
         def head(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
