@@ -117,6 +117,7 @@ def test_tiny_pool_preempts_and_gives_the_big_pools_tokens(models, static_shapes
     assert stats["preemptions"] > 0 and stats["recomputed_tokens"] > 0
     assert stats["peak_kv_use"] == 1.0
     assert stats["decode_rounds"] < stats["decode_steps"] or steps_per_round == 1
+    assert stats["kv_blocks_in_use"] == 0
     assert_pool_empty(tiny)
 
 
@@ -254,3 +255,21 @@ def test_programmatic_dependent_launch_off_hopper_is_refused_at_build(models):
     with pytest.raises(ValueError, match="gemv_pdl: programmatic dependent launch needs a CUDA device of compute "
                                          "capability >= 9"):
         engine(models[1], gemv_max_tokens=1, gemv_pdl=True)
+
+
+def test_blocks_held_after_a_call_show_in_its_stats(models):
+    """kv_blocks_in_use counts what the pool still holds when the call returns: 0 after a normal
+    call; with one sequence's release dropped (a leak), its blocks."""
+    e = engine(models[1])
+    e.generate(PROMPTS, greedy(5), torch.Generator())
+    assert e.stats()["kv_blocks_in_use"] == 0
+    release, dropped = e.blocks.release, []
+
+    def leaky_release(table):
+        if dropped:
+            return release(table)
+        dropped.append(list(table))
+
+    e.blocks.release = leaky_release
+    e.generate(PROMPTS, greedy(5), torch.Generator())
+    assert len(dropped[0]) > 0 and e.stats()["kv_blocks_in_use"] == e.blocks.num_used >= len(dropped[0])

@@ -411,6 +411,8 @@ class PagedEngine:
             "kv_blocks_saved": s.kv_blocks_saved,
             "preemptions": s.preemptions,
             "recomputed_tokens": s.recomputed_tokens,
+            # after the call: every sequence finished, so 0 unless blocks leak (a long run's soak watches it)
+            "kv_blocks_in_use": self.blocks.num_used,
             **self.oom_counts,
         }
         self.oom_counts = dict.fromkeys(self.oom_counts, 0)
