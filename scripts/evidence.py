@@ -44,6 +44,7 @@ import shlex
 import signal
 import statistics
 import subprocess
+from collections import Counter
 import sys
 import time
 from collections.abc import Callable
@@ -429,24 +430,21 @@ def parse_groups(groups: str | tuple) -> list[tuple[str, str]]:
 
 def group_table(runs: list[Run], groups: list[tuple[str, str]]) -> list[str]:
     """Markdown: per run and group of problems (the first group whose prefix opens the question;
-    ``other`` for none), the held-out greedy problems right at the first and the last validation."""
+    ``other`` for none), the held-out greedy problems right at the first and the last validation
+    (the runs validate on the same problems: `gain_table` checks it)."""
     def group_of(question: str) -> str:
         return next((name for name, prefix in groups if question.startswith(prefix)), "other")
 
-    counts = {}
-    for run in runs:
-        for when, rows in (("first", run.first), ("last", run.last)):
-            for row in rows:
-                key = (run.name, group_of(row["question"]))
-                right, total = counts.get((key, when), (0, 0))
-                counts[(key, when)] = (right + bool(row["greedy_correct"]), total + 1)
-    names = [n for n in [name for name, _ in groups] + ["other"] if ((runs[0].name, n), "first") in counts]
+    def right(rows: list[dict]) -> Counter:
+        return Counter(group_of(p["question"]) for p in rows if p["greedy_correct"])
+
+    sizes = Counter(group_of(p["question"]) for p in runs[0].first)
+    names = [n for n in [name for name, _ in groups] + ["other"] if sizes[n]]
     lines = ["Held-out greedy problems right, first → last validation (of the group's problems):", "",
-             "| run | " + " | ".join(f"{n} ({counts[((runs[0].name, n), 'first')][1]})" for n in names) + " |",
-             "|---|" + "---|" * len(names)]
+             "| run | " + " | ".join(f"{n} ({sizes[n]})" for n in names) + " |", "|---|" + "---|" * len(names)]
     for run in runs:
-        cells = [f"{counts[((run.name, n), 'first')][0]} → {counts[((run.name, n), 'last')][0]}" for n in names]
-        lines.append(f"| {run.name} | " + " | ".join(cells) + " |")
+        first, last = right(run.first), right(run.last)
+        lines.append(f"| {run.name} | " + " | ".join(f"{first[n]} → {last[n]}" for n in names) + " |")
     return lines
 
 
