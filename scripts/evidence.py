@@ -44,9 +44,9 @@ import shlex
 import signal
 import statistics
 import subprocess
-from collections import Counter
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from statistics import NormalDist
