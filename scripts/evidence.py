@@ -5,6 +5,7 @@
     python scripts/evidence.py plot   OUT_DIR [--png docs/evidence.png]
     python scripts/evidence.py report OUT_DIR [--gpu NAME] [--png docs/evidence_gpu.png] [--groups NAME=PREFIX,...]
     python scripts/evidence.py report --runs seed1=DIR,seed2=DIR,lr0=DIR [...]
+    python scripts/evidence.py keep   OUT_DIR DEST                # what `report` reads, for docs/evidence_runs/
 
 ``run`` starts ``python -m oreal_fast.train configs/demo_long.py --seed S --work_dir OUT_DIR/seedS``
 for each seed and appends ``{"seed", "wall_s", "rc"}`` to ``OUT_DIR/times.jsonl`` as each finishes.
@@ -31,6 +32,11 @@ control's, and draws held-out accuracy (with interval bands), train reward and r
 ``--groups`` adds, per run and group of problems (named by the opening words of their questions),
 the greedy problems right at the first and the last validation.
 A missing or foreign folder is one line on stderr and exit 2.
+
+``keep`` copies, per run folder of OUT_DIR, what ``report`` reads and nothing else into DEST/NAME:
+``rank0.log.jsonl``, ``validation.jsonl``, the first and last validation's ``validation_problems``
+files, and the text log's start lines (the GPU's name; the rest of the log is progress) with the
+run's name for its folder and the config's file name for its path.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -218,6 +225,8 @@ VAL_KEYS = ("val_num_problems", "val_greedy_pass1", "val_greedy_pass1_low", "val
             "val_sampled_pass1", "val_sampled_pass1_low", "val_sampled_pass1_high", "val_time")
 PROBLEM_KEYS = ("question", "greedy_correct", "num_correct", "num_samples")
 SEED_NAME = re.compile(r"seed(\d+)")
+# The trainer's start line in its text log: "run RUN_DIR: config CONFIG, ..." (CONFIG, the rest)
+START_LINE = re.compile(r"run [^:]*: config (\S+),(.*)")
 # The train curves' smoothing: a step's reward is the mean of 512 samples of 64 prompts, which jumps
 # from step to step with the prompts drawn
 SMOOTH_STEPS = 10
@@ -487,6 +496,35 @@ def _draw(runs: list[Run], png: str) -> None:
     plt.close(fig)
 
 
+def keep(out_dir: str, dest: str) -> None:
+    """Copies what `report` reads of each run in ``out_dir`` to ``dest/NAME`` (module docstring)."""
+    try:
+        for name, path in _run_paths(out_dir, None):
+            run_dir = os.path.dirname(find_metrics_file(path))
+            validations = read_metrics(os.path.join(run_dir, "validation.jsonl"), panels=(("", ()),))
+            if not validations:
+                raise ValueError(f"{run_dir}: no validation rows (run {name})")
+            target = os.path.join(dest, name)
+            os.makedirs(os.path.join(target, "validation_problems"), exist_ok=True)
+            for file in ("rank0.log.jsonl", "validation.jsonl"):
+                shutil.copyfile(os.path.join(run_dir, file), os.path.join(target, file))
+            for step in dict.fromkeys((validations[0]["step"], validations[-1]["step"])):
+                file = os.path.join("validation_problems", f"step-{step}.jsonl")
+                shutil.copyfile(os.path.join(run_dir, file), os.path.join(target, file))
+            log = os.path.join(run_dir, "rank0.log")
+            if os.path.isfile(log):
+                with open(log, encoding="utf-8", errors="replace") as f:
+                    # the machine's folders left out: "run NAME: config FILE, N steps, device ..."
+                    starts = [f"run {name}: config {os.path.basename(m[1])},{m[2]}\n"
+                              for m in map(START_LINE.match, f) if m]
+                with open(os.path.join(target, "rank0.log"), "w", encoding="utf-8") as f:
+                    f.writelines(starts)
+            print(f"{name}: {run_dir} -> {target}")
+    except (FileNotFoundError, ValueError) as e:  # a missing or foreign run folder: one line, exit 2
+        print(f"evidence keep: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
 def report(out_dir: str | None = None, runs: str | tuple | None = None, gpu: str | None = None,
            png: str = os.path.join(REPO, "docs", "evidence_gpu.png"), groups: str | tuple | None = None) -> None:
     """Prints the held-out table, the runs' table and the gains of seeds and controls, and draws
@@ -513,4 +551,4 @@ def report(out_dir: str | None = None, runs: str | tuple | None = None, gpu: str
 
 
 if __name__ == "__main__":
-    fire.Fire({"run": run, "gpu": gpu, "plot": plot, "report": report})
+    fire.Fire({"run": run, "gpu": gpu, "plot": plot, "report": report, "keep": keep})

@@ -180,6 +180,22 @@ def test_a_missing_or_foreign_folder_is_one_line_and_exit_2(out_dir, tmp_path, c
     assert not (tmp_path / "f.png").exists()
 
 
+def test_keep_copies_what_report_reads_and_report_prints_the_same(out_dir, tmp_path, capsys):
+    evidence = _load()
+    evidence.report(str(out_dir), gpu="NVIDIA H200", png=str(tmp_path / "a.png"))
+    full = capsys.readouterr().out.splitlines()[:-1]  # all but "wrote ..."
+    evidence.keep(str(out_dir), str(tmp_path / "kept"))
+    capsys.readouterr()
+    evidence.report(str(tmp_path / "kept"), gpu="NVIDIA H200", png=str(tmp_path / "b.png"))
+    assert capsys.readouterr().out.splitlines()[:-1] == full
+    # seed2 validated after steps 0, 1 and 2: only the first and last problem files are kept
+    assert sorted(os.listdir(tmp_path / "kept" / "seed2" / "validation_problems")) == ["step-0.jsonl", "step-2.jsonl"]
+    # seed1's log: its two start lines, with the run's name for its folder and the config's file name
+    with open(tmp_path / "kept" / "seed1" / "rank0.log", encoding="utf-8") as f:
+        assert f.read() == 2 * GPU_LINE.format(d="seed1").replace("configs/evidence_gpu.py", "evidence_gpu.py")
+    assert not os.path.exists(tmp_path / "kept" / "seed2" / "rank0.log")  # it had none
+
+
 def test_the_committed_gpu_runs_give_the_tables_in_evidence_md(tmp_path):
     """docs/evidence.md's first-sitting tables are what ``report`` prints from the committed run folder."""
     runs = os.path.join(ROOT, "docs", "evidence_runs", "h100_2026-12-07_expression")
