@@ -24,6 +24,8 @@ import triton.language as tl
 try:  # grid dependency control, for kernels launched with programmatic dependent launch (`pdl_available`)
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # a Triton without it: `pdl_available` is False, so no kernel calls these
+    _TRITON_PDL = False
+
     @triton.jit
     def gdc_wait():
         pass
@@ -31,6 +33,13 @@ except ImportError:  # a Triton without it: `pdl_available` is False, so no kern
     @triton.jit
     def gdc_launch_dependents():
         pass
+else:
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:
+        _TRITON_PDL = False
+    else:
+        _TRITON_PDL = "launch_pdl" in CUDAOptions.__dataclass_fields__
 
 # Labels of positions that predict nothing (prompt tokens, the final position): zero loss, zero gradient.
 IGNORE_INDEX = -100
@@ -81,14 +90,7 @@ def pdl_available(device: torch.device) -> bool:
     later, and a Triton with the ``launch_pdl`` launch option and grid dependency control
     (``gdc_wait``). A kernel launched with it may start while the kernel before it finishes; it
     must wait (``gdc_wait``) before it reads that kernel's outputs or writes anything."""
-    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
-        return False
-    try:
-        from triton.backends.nvidia.compiler import CUDAOptions
-        from triton.language.extra.cuda import gdc_wait  # noqa: F401
-    except ImportError:
-        return False
-    return "launch_pdl" in CUDAOptions.__dataclass_fields__
+    return _TRITON_PDL and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def pdl_launch(pdl: bool) -> dict[str, bool]:

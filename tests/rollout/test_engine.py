@@ -252,8 +252,7 @@ def test_per_prompt_caps_must_match_the_prompts(models):
 
 
 def test_programmatic_dependent_launch_off_hopper_is_refused_at_build(models):
-    with pytest.raises(ValueError, match="gemv_pdl: programmatic dependent launch needs a CUDA device of compute "
-                                         "capability >= 9"):
+    with pytest.raises(ValueError, match="gemv_pdl: pdl=True needs a CUDA device of compute capability >= 9"):
         engine(models[1], gemv_max_tokens=1, gemv_pdl=True)
 
 

@@ -172,7 +172,7 @@ class InferenceModel(nn.Module):
         """
         x, residual = self.embed(input_ids), None  # (T, H)
         rope, eps = self.rope_table(), self.config.rms_norm_eps
-        if self.impl == "triton" and x.shape[0] <= self.gemv_max_tokens:
+        if self.runs_gemv_layers(x.shape[0]):
             for layer in self.layers:
                 x, residual = layer.forward_gemv(x, residual, positions, rope, cache, pdl=self.gemv_pdl)
             hidden, _ = add_rms_norm_partials(x, residual, self.norm, eps, pdl=self.gemv_pdl)
@@ -181,6 +181,10 @@ class InferenceModel(nn.Module):
                 x, residual = layer(x, residual, positions, rope, cache)
             hidden, _ = add_rms_norm(x, residual, self.norm, eps, impl=self.impl)
         return head(hidden, self.lm_head_weight)
+
+    def runs_gemv_layers(self, num_tokens: int) -> bool:
+        """A forward of ``num_tokens`` takes the few-token GEMV layers (module docstring)."""
+        return self.impl == "triton" and num_tokens <= self.gemv_max_tokens
 
     def rope_table(self) -> torch.Tensor:
         """`decoder.rope_table(config)` on the weights' device, computed once: [P, 2, head_dim] fp32."""

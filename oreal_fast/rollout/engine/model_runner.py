@@ -73,7 +73,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from oreal_fast.kernels.common import pdl_available
+from oreal_fast.kernels.common import check_pdl
 from oreal_fast.kernels.paged_attention import paged_decode_attention
 from oreal_fast.kernels.sampling import sample_with_logprobs, token_logprobs
 from oreal_fast.kernels.trunk_inference import rope_write_kv
@@ -173,9 +173,7 @@ class ModelRunner:
         if max_model_len > max_rope_positions(c):
             raise ValueError(f"max_model_len {max_model_len} exceeds the {max_rope_positions(c)} positions "
                              f"of the model's rope table")
-        if gemv_pdl and not pdl_available(device):
-            raise ValueError(f"gemv_pdl: programmatic dependent launch needs a CUDA device of compute capability "
-                             f">= 9 and a Triton with launch_pdl; got {device}")
+        check_pdl("gemv_pdl", gemv_pdl, device)
         # on CUDA the copy's elementwise ops are Triton kernels (forward only), elsewhere their eager twins
         self.model = InferenceModel(c, device=device, dtype=dtype, impl=self.attn_impl,
                                     gemv_max_tokens=gemv_max_tokens, gemv_pdl=gemv_pdl).eval()
@@ -468,7 +466,7 @@ class ModelRunner:
         slots = slots.masked_fill(self.done[:b], 0)  # slot 0 of the null block: nothing reads it
         context = (pos + 1).to(torch.int32)
         # the attention kernels launch as the GEMV layers around them do
-        pdl = self.model.gemv_pdl and self.attn_impl == "triton" and b <= self.model.gemv_max_tokens
+        pdl = self.model.gemv_pdl and self.model.runs_gemv_layers(b)
         cache = DecodeCache(self.kv, slots, tables, context, self.attn_impl, pdl=pdl)
         out = self.logits[:b]
 
