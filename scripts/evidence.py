@@ -15,7 +15,8 @@ for each seed and appends ``{"seed", "wall_s", "rc"}`` to ``OUT_DIR/times.jsonl`
 folder holds a resume state; ``extra`` is added to every command (the model's path, exported
 problem files). After ``seconds`` each run still going gets SIGTERM (it stops at its next safe
 point and writes a resume state; SIGKILL after ``GRACE_S``), so a run longer than one sitting
-continues with the same command. It prints each run's steps done and exit code.
+continues with the same command. It prints each run's steps done and exit code, and for a run that
+failed on its own the last line of its log (the trainer's one-line reason).
 
 ``plot`` reads each seed's run folder (``validation.jsonl`` and ``rank0.log.jsonl``), draws
 held-out greedy accuracy, train reward and response length against the step, and prints the
@@ -131,9 +132,9 @@ def gpu(out_dir: str, seconds: float = 540, cap_gib: float = 14, names: str | tu
             proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
-    for proc in procs.values():
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+    stopped = {name for name, proc in procs.items() if proc.poll() is None}
+    for name in stopped:
+        procs[name].send_signal(signal.SIGTERM)
     for proc in procs.values():
         try:
             proc.wait(timeout=GRACE_S)
@@ -141,7 +142,17 @@ def gpu(out_dir: str, seconds: float = 540, cap_gib: float = 14, names: str | tu
             proc.kill()
             proc.wait()
     for name, proc in procs.items():
-        print(f"{name}: {_steps_done(os.path.join(out_dir, name))} steps done, exit {proc.returncode}")
+        line = f"{name}: {_steps_done(os.path.join(out_dir, name))} steps done, exit {proc.returncode}"
+        if proc.returncode and name not in stopped:  # it failed on its own: the reason its log ends with
+            line += f" ({_last_line(os.path.join(out_dir, f'{name}.log'))})"
+        print(line)
+
+
+def _last_line(path: str, limit: int = 400) -> str:
+    """The last non-empty line of a log (progress bars' carriage returns split lines too), cut at ``limit``."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = [part.strip() for part in f.read().replace("\r", "\n").splitlines() if part.strip()]
+    return lines[-1][:limit] if lines else "its log is empty"
 
 
 def _steps_done(work: str) -> int:

@@ -29,6 +29,9 @@ def stop(*_):
 signal.signal(signal.SIGTERM, stop)
 if mode == "long":
     time.sleep(60)
+if mode == "fail":
+    print("step 1\\rstep 2\\nout of GPU memory in step 2, phase rl: peak 13.55 GiB, cap 14 GiB\\n", flush=True)
+    sys.exit(3)
 """
 
 
@@ -77,6 +80,16 @@ def test_a_sitting_ends_the_runs_still_going_at_its_deadline(evidence, tmp_path,
     evidence.gpu(str(out), seconds=8, names="seed1")
     rows = [json.loads(line) for line in open(out / "seed1" / "run" / "rank0.log.jsonl")]
     assert len(rows) == 2 and capsys.readouterr().out.strip().endswith("seed1: 2 steps done, exit 0")
+
+
+def test_a_run_that_fails_on_its_own_says_why(evidence, tmp_path, monkeypatch, capsys):
+    stand_in = tmp_path / "stand_in.py"
+    stand_in.write_text(STAND_IN)
+    monkeypatch.setattr(evidence, "gpu_commands", lambda out_dir, cap_gib, names, extra="": {
+        n: [sys.executable, str(stand_in), os.path.join(out_dir, n), "fail"] for n in names})
+    evidence.gpu(str(tmp_path / "out"), seconds=30, names="shuffled")
+    assert capsys.readouterr().out.strip().splitlines()[-1] == (
+        "shuffled: 1 steps done, exit 3 (out of GPU memory in step 2, phase rl: peak 13.55 GiB, cap 14 GiB)")
 
 
 def test_an_unknown_run_is_one_line_and_exit_2(evidence, tmp_path, capsys):
