@@ -81,6 +81,19 @@ def silu_mul_rounded(g, u, dtype: tl.constexpr):
     return (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32) * u
 
 
+@triton.jit
+def rope_rounded(x1, x2, cos1, cos2, sin1, sin2, dtype: tl.constexpr):
+    """Rope of the halves x1, x2 of heads (fp32 holding dtype values) from the fp32 table's cos
+    and sin at their columns -> (out1, out2) in fp32: the table cast to dtype first, each product
+    rounded, then the sum, as three eager ops in the activation dtype round (the caller rounds
+    the sums)."""
+    cos1, cos2 = cos1.to(dtype).to(tl.float32), cos2.to(dtype).to(tl.float32)
+    sin1, sin2 = sin1.to(dtype).to(tl.float32), sin2.to(dtype).to(tl.float32)
+    out1 = (x1 * cos1).to(dtype).to(tl.float32) + (-x2 * sin1).to(dtype).to(tl.float32)
+    out2 = (x2 * cos2).to(dtype).to(tl.float32) + (x1 * sin2).to(dtype).to(tl.float32)
+    return out1, out2
+
+
 # ---------------------------------------------------------------------------------- RMSNorm
 
 @triton.jit
@@ -164,16 +177,13 @@ def _rope_heads(Src_ptr, Dst_ptr, Cos_ptr, Sin_ptr, d, mask, HALF: tl.constexpr)
     at Dst_ptr in the same layout; Cos_ptr, Sin_ptr: the token's fp32 table rows."""
     dtype = Dst_ptr.dtype.element_ty
     in_d = d < HALF
-    # the tables are fp32; eager casts them to the activation dtype before multiplying
-    cos1 = tl.load(Cos_ptr + d, mask=in_d, other=0.0).to(dtype).to(tl.float32)
-    cos2 = tl.load(Cos_ptr + HALF + d, mask=in_d, other=0.0).to(dtype).to(tl.float32)
-    sin1 = tl.load(Sin_ptr + d, mask=in_d, other=0.0).to(dtype).to(tl.float32)
-    sin2 = tl.load(Sin_ptr + HALF + d, mask=in_d, other=0.0).to(dtype).to(tl.float32)
+    cos1 = tl.load(Cos_ptr + d, mask=in_d, other=0.0)
+    cos2 = tl.load(Cos_ptr + HALF + d, mask=in_d, other=0.0)
+    sin1 = tl.load(Sin_ptr + d, mask=in_d, other=0.0)
+    sin2 = tl.load(Sin_ptr + HALF + d, mask=in_d, other=0.0)
     x1 = tl.load(Src_ptr + d, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(Src_ptr + HALF + d, mask=mask, other=0.0).to(tl.float32)
-    # each product rounded, then the sum, as three eager ops in the activation dtype round
-    out1 = (x1 * cos1).to(dtype).to(tl.float32) + (-x2 * sin1).to(dtype).to(tl.float32)
-    out2 = (x2 * cos2).to(dtype).to(tl.float32) + (x1 * sin2).to(dtype).to(tl.float32)
+    out1, out2 = rope_rounded(x1, x2, cos1, cos2, sin1, sin2, dtype)
     tl.store(Dst_ptr + d, out1.to(dtype), mask=mask)
     tl.store(Dst_ptr + HALF + d, out2.to(dtype), mask=mask)
 
@@ -208,31 +218,43 @@ def _rope_write_kv_kernel(QKV_ptr, Pos_ptr, Rope_ptr, Slot_ptr, Q_ptr, K_ptr, V_
     tl.store(V_ptr + slot * stride_v_slot + hk * stride_v_head + dv, v, mask=v_mask)
 
 
+def check_kv_pool(name: str, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int]:
+    """One layer's pools for a rope and K/V write: one [num_blocks, block_size, Hkv, D] shape with
+    an even D, contiguous last dims, blocks back to back; returns (Hkv, D)."""
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.shape[3] % 2:
+        raise ValueError(f"{name}: k_cache and v_cache must share one [num_blocks, block_size, Hkv, D] "
+                         f"shape with an even D; got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    _, block_size, Hkv, D = k_cache.shape
+    for pool, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        # slots index blocks and offsets as one flat dim: block rows must follow each other
+        if c.stride(3) != 1 or c.stride(0) != block_size * c.stride(1):
+            raise ValueError(f"{name}: {pool} must have a contiguous last dim and blocks of "
+                             f"block_size slots back to back; got strides {c.stride()}")
+    return Hkv, D
+
+
+def check_rope_slots(name: str, T: int, D: int, positions: torch.Tensor, rope: torch.Tensor,
+                     slots: torch.Tensor) -> None:
+    """positions and slots [T] int64, rope the [P, 2, D] fp32 table (`decoder.rope_table`)."""
+    for arg, t in (("positions", positions), ("slots", slots)):
+        if t.shape != (T,) or t.dtype != torch.int64:
+            raise ValueError(f"{name}: {arg} must be [T={T}] int64; got {tuple(t.shape)} {t.dtype}")
+    if rope.dim() != 3 or rope.shape[1:] != (2, D) or rope.dtype != torch.float32 or rope.stride(2) != 1:
+        raise ValueError(f"{name}: rope must be the [P, 2, D={D}] fp32 table with a contiguous last dim; "
+                         f"got {tuple(rope.shape)} {rope.dtype}")
+
+
 def _check_rope_write_kv(qkv: torch.Tensor, positions: torch.Tensor, rope: torch.Tensor, k_cache: torch.Tensor,
                          v_cache: torch.Tensor, slots: torch.Tensor) -> int:
     """Validates the arguments of `rope_write_kv`; returns the number of query heads."""
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(f"rope_write_kv: k_cache and v_cache must share one [num_blocks, block_size, Hkv, D] "
-                         f"shape; got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
-    _, block_size, Hkv, D = k_cache.shape
+    Hkv, D = check_kv_pool("rope_write_kv", k_cache, v_cache)
     width = qkv.shape[-1] if qkv.dim() == 2 else -1
-    if qkv.dim() != 2 or qkv.stride(1) != 1 or width % D or width // D <= 2 * Hkv or D % 2:
-        raise ValueError(f"rope_write_kv: qkv must be [T, (Hq + 2 Hkv) D] with Hq >= 1, Hkv = {Hkv}, an even "
+    if qkv.dim() != 2 or qkv.stride(1) != 1 or width % D or width // D <= 2 * Hkv:
+        raise ValueError(f"rope_write_kv: qkv must be [T, (Hq + 2 Hkv) D] with Hq >= 1, Hkv = {Hkv}, "
                          f"D = {D} and a contiguous last dim; got {tuple(qkv.shape)} strides {qkv.stride()}")
     if not qkv.dtype == k_cache.dtype == v_cache.dtype:
         raise TypeError(f"rope_write_kv: the KV pool holds {k_cache.dtype} / {v_cache.dtype} but qkv is {qkv.dtype}")
-    T = qkv.shape[0]
-    for name, t in (("positions", positions), ("slots", slots)):
-        if t.shape != (T,) or t.dtype != torch.int64:
-            raise ValueError(f"rope_write_kv: {name} must be [T={T}] int64; got {tuple(t.shape)} {t.dtype}")
-    if rope.dim() != 3 or rope.shape[1:] != (2, D) or rope.dtype != torch.float32 or rope.stride(2) != 1:
-        raise ValueError(f"rope_write_kv: rope must be the [P, 2, D={D}] fp32 table with a contiguous last dim; "
-                         f"got {tuple(rope.shape)} {rope.dtype}")
-    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
-        # slots index blocks and offsets as one flat dim: block rows must follow each other
-        if c.stride(3) != 1 or c.stride(0) != block_size * c.stride(1):
-            raise ValueError(f"rope_write_kv: {name} must have a contiguous last dim and blocks of "
-                             f"block_size slots back to back; got strides {c.stride()}")
+    check_rope_slots("rope_write_kv", qkv.shape[0], D, positions, rope, slots)
     if len({t.device for t in (qkv, positions, rope, k_cache, v_cache, slots)}) != 1:
         raise ValueError("rope_write_kv: all inputs must be on one device")
     return width // D - 2 * Hkv
