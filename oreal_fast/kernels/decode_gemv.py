@@ -1,17 +1,20 @@
 """Skinny GEMMs of a decoder layer for forwards of few tokens (decode steps at a small live batch),
-with the residual add, the RMSNorm and SwiGLU fused into them: four projections in four kernels,
-where the plain path runs them in seven to nine (two add_rms_norm, silu_mul, four GEMMs, and the
-split-K reductions cuBLAS adds to the down and o GEMMs at small T).
+with the residual add, the RMSNorm, rope with the K/V-cache write, and SwiGLU fused into them: four
+projections in four kernels, where the plain path runs them in eight to ten (two add_rms_norm,
+rope_write_kv, silu_mul, four GEMMs, and the split-K reductions cuBLAS adds to the down and o
+GEMMs at small T).
 
 At a few tokens a decoder layer is latency-bound, not byte-bound: at the Qwen2.5-0.5B shape its
 four weight matrices are a 9 us read on an H100, but each kernel costs a fixed slot of GPU time
 (its launch, its ramp and its tail: benchmarks/RESULTS.md measured 4.5 us for the 2 MB q|k|v
 GEMM at batch 1), so the count of kernels sets the step time.
-Here the norm is the prologue of the GEMM that reads it, SwiGLU the epilogue of the gate|up
-GEMM, and the o and down GEMMs split their reduction dimension K and leave fp32 partial sums
-that the next kernel adds in its prologue: no reduction kernel, no atomics, deterministic.
+Here the norm is the prologue of the GEMM that reads it, rope and the K/V write the epilogue of
+the q|k|v GEMM, SwiGLU the epilogue of the gate|up GEMM, and the o and down GEMMs split their
+reduction dimension K and leave fp32 partial sums that the next kernel adds in its prologue: no
+reduction kernel, no atomics, deterministic.
 
-The math, as the eager twins compute it (`add_rms_norm`, `silu_mul`: `trunk_inference`):
+The math, as the eager twins compute it (`add_rms_norm`, `rope_write_kv`, `silu_mul`:
+`trunk_inference`):
 
     sublayer_out(x)  = x.sum(0).to(dtype) if x is partials [S, T, H] fp32 else x    # [T, H]
     norm_linear(x, r, norm_w, eps, W, b, swiglu):
@@ -20,6 +23,10 @@ The math, as the eager twins compute it (`add_rms_norm`, `silu_mul`: `trunk_infe
         if swiglu:                                              # W = [W_gate; W_up]: [2 N, H]
             y = silu_mul(*y.chunk(2, dim=-1))
         return y, r
+    norm_linear_rope_kv(x, r, norm_w, eps, W_qkv, b_qkv, positions, rope, k_cache, v_cache, slots):
+        qkv, r = norm_linear(x, r, norm_w, eps, W_qkv, b_qkv)
+        q = rope_write_kv(qkv, positions, rope, k_cache, v_cache, slots)   # writes k, v at the slots
+        return q, r                                             # q [T, Hq, D], roped
     linear_partials(x, W, b, split):                            # S = cdiv(K, split) partial sums
         P[s] = x[:, s split:(s + 1) split].float() @ W[:, s split:(s + 1) split].float().T
         P[0] += b
@@ -28,18 +35,28 @@ The math, as the eager twins compute it (`add_rms_norm`, `silu_mul`: `trunk_infe
 
 so a layer reads
 
-    qkv, r = norm_linear(P_down, r, attn_norm, eps, W_qkv, b_qkv)   # the previous layer's down partials
-    o      = cache.attend(layer, qkv, positions, rope)
+    q, r   = norm_linear_rope_kv(P_down, r, attn_norm, eps, W_qkv, b_qkv,   # the previous layer's down
+                                 positions, rope, k_cache, v_cache, slots)  # partials; k, v into the pool
+    o      = cache.attend_roped(layer, q)
     P_o    = linear_partials(o, W_o, b_o)                          # one split at K = 896
     act, r = norm_linear(P_o, r, mlp_norm, eps, W_gate_up, swiglu=True)
     P_down = linear_partials(act, W_down)
 
 and the model ends with `add_rms_norm_partials(P_down, r, norm, eps)`. Every value is rounded to
-the activation dtype where the plain path (`add_rms_norm` + `nn.Linear` + `silu_mul`) rounds it:
-a projection's output once, from its fp32 sum (a partials sum is that sum, only in another
-order), the residual sum, the normalised row before the norm weight, and silu before the
-product. The kernels equal the twins up to the order of fp32 sums (the dot, the partials, the
-mean square) and the fp32 rounding of 1/sqrt and exp.
+the activation dtype where the plain path (`add_rms_norm` + `nn.Linear` + `rope_write_kv` +
+`silu_mul`) rounds it: a projection's output once, from its fp32 sum (a partials sum is that sum,
+only in another order), the residual sum, the normalised row before the norm weight, rope's
+products (after the table's cos and sin) and their sum, and silu before the product; v goes into
+the pool as the projection rounded it. The kernels equal the twins up to the order of fp32 sums
+(the dot, the partials, the mean square) and the fp32 rounding of 1/sqrt and exp (and on the GPU
+a rope product and sum the compiler may contract into one fused multiply-add, as in
+rope_write_kv).
+
+Why rope fits the q|k|v epilogue: rope mixes column d of a head with column d + D/2 only, so a
+program that owns the rows of both halves, pairs j0 .. j0 + R of one head (like a SwiGLU
+program's gate and up rows), ropes its two accumulators elementwise; a q head's program stores
+q, a k head's the roped k at the tokens' slots, a v head's v. The q|k|v output never reaches
+memory un-roped, and rope_write_kv's kernel (its read of it, its writes) disappears.
 
 Why SwiGLU sits in the gate|up epilogue, not in the down GEMM's prologue: a gate|up program owns
 matching gate and up rows, so silu(g) u is made once per element and only the activation
@@ -49,8 +66,10 @@ matching gate and up rows, so silu(g) u is made once per element and only the ac
 Budget at the Qwen2.5-0.5B shape (H 896, I 4864, q|k|v 1152 rows), T tokens, an H100 (132 SMs),
 per layer: the weights once (29.7 MB; a program reads its rows once, into registers: at most
 8192 elements, so several programs share an SM), plus from L2 the activations every program
-needs. q|k|v: 144 programs of 8 rows (14 KB of W each), prologue T x 12.3 KB (3 down partials
-fp32, the residual); o: 224 of 4 rows (7 KB), T x 1.8 KB; gate|up: 1216 of 4 gate and 4 up rows
+needs. q|k|v: 144 programs of 4 pairs, 8 rows (14 KB of W each), prologue T x 12.3 KB (3 down
+partials fp32, the residual), epilogue T x 32 B of the rope table (cos and sin of both halves of
+4 pairs, fp32) and the position and slot; it writes q, k and v (T x 2.3 KB), what the q|k|v GEMM
+alone wrote before; o: 224 of 4 rows (7 KB), T x 1.8 KB; gate|up: 1216 of 4 gate and 4 up rows
 (14 KB), T x 5.3 KB; down: 3 splits of 2048 columns x 224 blocks of 4 rows (16 KB), T x 4 KB.
 Workspace: the partials, [1, T, H] and [3, T, H] fp32 (T x 14 KB), written once and read by
 every program of the next kernel. FLOPs: 2 T per weight, fp32 on the CUDA cores (no tensor
@@ -87,7 +106,8 @@ import triton.language as tl
 
 from oreal_fast.kernels.common import (TRITON_DTYPES, check_eager_impl, check_impl, check_pdl, gdc_launch_dependents,
                                        gdc_wait, multiprocessor_count, pdl_launch, tiles_for)
-from oreal_fast.kernels.trunk_inference import add_rms_norm_eager, rms_norm_rounded, silu_mul_eager, silu_mul_rounded
+from oreal_fast.kernels.trunk_inference import (add_rms_norm_eager, check_kv_pool, check_rope_slots, rms_norm_rounded,
+                                                rope_rounded, rope_write_kv_eager, silu_mul_eager, silu_mul_rounded)
 
 # K columns per partial sum of `linear_partials` (a power of two): the down projection (K 4864)
 # gets 3 splits, the o projection (K 896) 1; one split is one program's tile width.
@@ -180,6 +200,76 @@ def _norm_linear_kernel(X_ptr, R_ptr, NormW_ptr, W_ptr, B_ptr, Y_ptr, ROut_ptr,
             # gate and up rounded as the GEMM's output, silu rounded as its own op's output
             y = silu_mul_rounded(y.to(dtype).to(tl.float32), u.to(dtype).to(tl.float32), dtype)
         tl.store(Y_ptr + t_2d * stride_y + n_2d, y.to(dtype), mask=(t_2d < T) & (n_2d < N))
+
+
+@triton.jit
+def _norm_linear_rope_kv_kernel(X_ptr, R_ptr, NormW_ptr, W_ptr, B_ptr, Pos_ptr, Rope_ptr, Slot_ptr,
+                                Q_ptr, K_ptr, V_ptr, ROut_ptr,
+                                T, H, stride_xs, stride_xt, stride_r, stride_w, stride_rope_pos, stride_rope_cs,
+                                stride_k_slot, stride_k_head, stride_v_slot, stride_v_head, eps,
+                                HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr,
+                                NUM_SPLITS: tl.constexpr, PARTIALS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                                WRITE_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_T: tl.constexpr,
+                                BLOCK_J: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr):
+    """Program p: pairs j0 .. j0 + BLOCK_J of one head (q heads, then k, then v; a head's HALF
+    pairs in cdiv(HALF, BLOCK_J) programs), i.e. the weight rows head D + j and head D + HALF + j:
+    both halves of the columns rope turns into each other, so rope is elementwise between the two
+    accumulators. As `_norm_linear_kernel` otherwise; a q head's program stores into q, a k head's
+    (roped) and a v head's (as is) into the pools at the tokens' slots."""
+    pid = tl.program_id(0)
+    dtype = Q_ptr.dtype.element_ty
+    head = pid // ((HALF + BLOCK_J - 1) // BLOCK_J)
+    j_2d = (pid % ((HALF + BLOCK_J - 1) // BLOCK_J)) * BLOCK_J + tl.arange(0, BLOCK_J)[None, :]  # [1, BLOCK_J]
+    j = j_2d[:, :, None]
+    h = tl.arange(0, BLOCK_H)[None, None, :]
+    hmask = h < H
+    w_mask = (j < HALF) & hmask
+    row = head.to(tl.int64) * 2 * HALF + j  # the first half's rows; the second's are HALF further
+    w1 = tl.load(W_ptr + row * stride_w + h, mask=w_mask, other=0.0).to(tl.float32)  # [1, BLOCK_J, BLOCK_H]
+    w2 = tl.load(W_ptr + (row + HALF) * stride_w + h, mask=w_mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        b_row = head * 2 * HALF + j_2d
+        b1 = tl.load(B_ptr + b_row, mask=j_2d < HALF, other=0.0).to(tl.float32)  # [1, BLOCK_J]
+        b2 = tl.load(B_ptr + HALF + b_row, mask=j_2d < HALF, other=0.0).to(tl.float32)
+    if PDL:  # the weights are loading; what follows reads the previous kernel's outputs
+        gdc_launch_dependents()
+        gdc_wait()
+    for t0 in range(0, T, BLOCK_T):
+        t_2d = t0 + tl.arange(0, BLOCK_T)[:, None]  # [BLOCK_T, 1]
+        t = t_2d[:, :, None].to(tl.int64)
+        mask = (t < T) & hmask
+        x = _residual_tile(X_ptr, R_ptr, t, h, mask, stride_xs, stride_xt, stride_r, dtype,
+                           NUM_SPLITS, PARTIALS, HAS_RESIDUAL)  # [BLOCK_T, 1, BLOCK_H]
+        if WRITE_RESIDUAL:
+            if pid == 0:  # one writer; the others only read the old stream
+                tl.store(ROut_ptr + t * H + h, x.to(dtype), mask=mask)
+        xn = _rms_norm_tile(x, NormW_ptr, h, hmask, H, eps, dtype, 2)
+        y1 = tl.sum(xn * w1, 2)  # [BLOCK_T, BLOCK_J] fp32
+        y2 = tl.sum(xn * w2, 2)
+        if HAS_BIAS:
+            y1 += b1
+            y2 += b2
+        # rounded as the q|k|v GEMM's output, which rope reads
+        y1, y2 = y1.to(dtype).to(tl.float32), y2.to(dtype).to(tl.float32)
+        t_mask = t_2d < T
+        out_mask = t_mask & (j_2d < HALF)
+        if head < HQ + HKV:  # q or k: roped
+            cos_row = Rope_ptr + tl.load(Pos_ptr + t_2d, mask=t_mask, other=0) * stride_rope_pos  # [BLOCK_T, 1]
+            sin_row = cos_row + stride_rope_cs
+            y1, y2 = rope_rounded(y1, y2, tl.load(cos_row + j_2d, mask=out_mask, other=0.0),
+                                  tl.load(cos_row + HALF + j_2d, mask=out_mask, other=0.0),
+                                  tl.load(sin_row + j_2d, mask=out_mask, other=0.0),
+                                  tl.load(sin_row + HALF + j_2d, mask=out_mask, other=0.0), dtype)
+        if head < HQ:
+            dst = Q_ptr + (t_2d * HQ + head) * 2 * HALF + j_2d  # q [T, HQ, 2 HALF]
+        else:
+            slot = tl.load(Slot_ptr + t_2d, mask=t_mask, other=0)  # int64: slot * stride may exceed int32
+            if head < HQ + HKV:
+                dst = K_ptr + slot * stride_k_slot + (head - HQ) * stride_k_head + j_2d
+            else:
+                dst = V_ptr + slot * stride_v_slot + (head - HQ - HKV) * stride_v_head + j_2d
+        tl.store(dst, y1.to(dtype), mask=out_mask)
+        tl.store(dst + HALF, y2.to(dtype), mask=out_mask)
 
 
 @triton.jit
@@ -326,6 +416,33 @@ def _launch_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_wei
     return y, r_out
 
 
+def _launch_norm_linear_rope_kv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+                                eps: float, weight: torch.Tensor, bias: torch.Tensor | None, positions: torch.Tensor,
+                                rope: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                                T: int, H: int, Hq: int, pdl: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    dtype, device = norm_weight.dtype, norm_weight.device
+    _, _, Hkv, D = k_cache.shape
+    num_splits, stride_xs, stride_xt, partials = _sublayer_args(x)
+    q = torch.empty((T, Hq, D), dtype=dtype, device=device)
+    write_residual = partials or residual is not None
+    r_out = torch.empty((T, H), dtype=dtype, device=device) if write_residual else x
+    if T:
+        BLOCK_H, half, heads = triton.next_power_of_2(H), D // 2, Hq + 2 * Hkv
+        # pairs a program owns, chosen as rows are with SwiGLU's two halves; no more than a head has
+        pairs = min(_rows_per_program(heads * half, 1, 2 * BLOCK_H, device), triton.next_power_of_2(half))
+        r = x if residual is None else residual  # a placeholder pointer without a residual
+        _norm_linear_rope_kv_kernel[(heads * triton.cdiv(half, pairs),)](
+            x, r, norm_weight, weight, weight if bias is None else bias, positions, rope, slots,
+            q, k_cache, v_cache, r_out,
+            T, H, stride_xs, stride_xt, r.stride(0), weight.stride(0), rope.stride(0), rope.stride(1),
+            k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2), eps,
+            HQ=Hq, HKV=Hkv, HALF=half, NUM_SPLITS=num_splits, PARTIALS=partials,
+            HAS_RESIDUAL=residual is not None, WRITE_RESIDUAL=write_residual, HAS_BIAS=bias is not None,
+            BLOCK_T=_token_tile(T, 2 * pairs * BLOCK_H, device), BLOCK_J=pairs, BLOCK_H=BLOCK_H, PDL=pdl,
+            num_warps=4, **pdl_launch(pdl))
+    return q, r_out
+
+
 # ---------------------------------------------------------------------------------- public API
 
 def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
@@ -373,6 +490,65 @@ def norm_linear_eager(x: torch.Tensor, residual: torch.Tensor | None, norm_weigh
     if swiglu:
         y = silu_mul_eager(*y.chunk(2, dim=-1))
     return y, residual
+
+
+def norm_linear_rope_kv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                        weight: torch.Tensor, bias: torch.Tensor | None, positions: torch.Tensor, rope: torch.Tensor,
+                        k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, *, pdl: bool = False,
+                        impl: str = "triton") -> tuple[torch.Tensor, torch.Tensor]:
+    """`norm_linear` of the q|k|v projection with `trunk_inference.rope_write_kv` in its epilogue:
+    the residual add, the RMSNorm, the projection, rope of q and k, and k, v written into the
+    paged pool, in one kernel (module docstring).
+
+    Args:
+        x, residual, norm_weight, eps: as `norm_linear`.
+        weight: [(Hq + 2 Hkv) D, H] in the activation dtype: Hq query heads' rows, then Hkv key
+            heads', then Hkv value heads' (Hq >= 1; Hkv and D from the pool).
+        bias: [(Hq + 2 Hkv) D] in the activation dtype, or None.
+        positions: [T] int64, each token's position, in [0, P).
+        rope: [P, 2, D] fp32 cos and sin per position (`decoder.rope_table`).
+        k_cache, v_cache: [num_blocks, block_size, Hkv, D] in the activation dtype: one layer's
+            pools, written in place at the slots.
+        slots: [T] int64 pool slot (block * block_size + offset) of each token, in range (unchecked,
+            as `rope_write_kv`'s: several tokens may name one slot, which of them lands is unspecified).
+        pdl: launch with programmatic dependent launch (module docstring; `pdl_available` devices).
+        impl: "triton" (CUDA, or CPU under TRITON_INTERPRET=1) or "eager".
+
+    Returns:
+        q: [T, Hq, D] the roped queries in the activation dtype, contiguous.
+        residual: [T, H] the residual stream after the add, as `norm_linear` returns it.
+    """
+    check_impl("norm_linear_rope_kv", impl)
+    if impl == "eager":
+        return norm_linear_rope_kv_eager(x, residual, norm_weight, eps, weight, bias, positions, rope, k_cache,
+                                         v_cache, slots, pdl=pdl)
+    name, dtype = "norm_linear_rope_kv", norm_weight.dtype
+    T, H = _check_sublayer(name, x, residual, norm_weight)
+    rows = _check_linear(name, H, weight, bias, dtype)
+    Hkv, D = check_kv_pool(name, k_cache, v_cache)
+    if rows % D or rows // D <= 2 * Hkv:
+        raise ValueError(f"{name}: weight must be [(Hq + 2 Hkv) D, H] with Hq >= 1, the pool's Hkv = {Hkv} and "
+                         f"D = {D}; got {rows} rows")
+    if k_cache.dtype != dtype or v_cache.dtype != dtype:
+        raise ValueError(f"{name}: the KV pool must hold the activation dtype {dtype}; got {k_cache.dtype} / "
+                         f"{v_cache.dtype}")
+    check_rope_slots(name, T, D, positions, rope, slots)
+    _check_device_and_dtype(name, dtype, x, residual, norm_weight, weight, bias, positions, rope, k_cache, v_cache,
+                            slots)
+    check_pdl(name, pdl, norm_weight.device)
+    return _launch_norm_linear_rope_kv(x, residual, norm_weight, eps, weight, bias, positions, rope, k_cache,
+                                       v_cache, slots, T, H, rows // D - 2 * Hkv, pdl)
+
+
+def norm_linear_rope_kv_eager(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                              weight: torch.Tensor, bias: torch.Tensor | None, positions: torch.Tensor,
+                              rope: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                              *, pdl: bool = False, impl: str = "eager") -> tuple[torch.Tensor, torch.Tensor]:
+    """The eager twin (same arguments, writes and results as `norm_linear_rope_kv`): the two
+    twins it fuses, one after the other."""
+    check_eager_impl("norm_linear_rope_kv_eager", impl)
+    qkv, residual = norm_linear_eager(x, residual, norm_weight, eps, weight, bias)
+    return rope_write_kv_eager(qkv, positions, rope, k_cache, v_cache, slots), residual
 
 
 def add_rms_norm_partials(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,

@@ -1,5 +1,6 @@
-"""norm_linear, linear_partials, add_rms_norm_partials: the few-token GEMV kernels against their
-eager twins on fresh random inputs, and the InferenceModel with its few-token path on against off.
+"""norm_linear, norm_linear_rope_kv, linear_partials, add_rms_norm_partials: the few-token GEMV
+kernels against their eager twins on fresh random inputs, and the InferenceModel with its
+few-token path on against off.
 
 CPU: fp32 under TRITON_INTERPRET=1, small odd shapes (the interpreter rounds to bf16 by
 truncation, so bf16 runs on the GPU only). GPU: bf16, the same cases, plus the Qwen2.5-0.5B
@@ -15,6 +16,14 @@ fp32 value (a rounding point moved or missed changes far more: about half of the
 on the GPU rounds before its bias at one row, so the count is taken against that fp32 value). A
 whole layer in a CUDA graph allows 5 %: a flip upstream moves many outputs downstream. SwiGLU carries the gate's and the up's bounds through silu(g) u (|silu'| <
 1.1). A wrong row, bias, norm weight, partial or residual errs by order |y|.
+norm_linear_rope_kv: v as norm_linear's y; a roped output d takes the errors of y_d and of its
+partner y_(d +- D/2) (|cos|, |sin| <= 1) plus the roundings of rope's products and sum (two
+units of the dtype's eps of |y_d| + |y_partner|; fp32 eps on CPU, and on the GPU the rope test's
+2 eps for a contracted multiply-add). Against the unfused Triton chain (norm_linear, then
+rope_write_kv) the kernel is bit for bit equal on CPU: each output's dot runs over the same
+BLOCK_H-wide row in the same order and every value is rounded at the same points (on the GPU the
+reduction tree may follow the tile's shape, so there the twin's bound applies). A wrong sign,
+half, position or slot errs by order |y|.
 """
 
 import pytest
@@ -23,9 +32,10 @@ import torch.nn.functional as F
 
 from oreal_fast.kernels.common import pdl_available
 from oreal_fast.kernels.decode_gemv import (add_rms_norm_partials, add_rms_norm_partials_eager, linear_partials,
-                                            linear_partials_eager, norm_linear, norm_linear_eager)
-from oreal_fast.kernels.trunk_inference import add_rms_norm_eager, silu_mul_eager
-from oreal_fast.model.decoder import Decoder, DecoderConfig
+                                            linear_partials_eager, norm_linear, norm_linear_eager,
+                                            norm_linear_rope_kv, norm_linear_rope_kv_eager)
+from oreal_fast.kernels.trunk_inference import add_rms_norm_eager, rope_write_kv, rope_write_kv_eager, silu_mul_eager
+from oreal_fast.model.decoder import Decoder, DecoderConfig, rope_table
 from oreal_fast.parallel import full_weights
 from oreal_fast.rollout.engine.inference_model import InferenceModel
 from oreal_fast.rollout.engine.model_runner import DecodeCache, PrefillCache
@@ -177,6 +187,120 @@ def test_add_rms_norm_partials_matches_eager(device, T, kind):
     _assert_within(normed, normed_ref, (16 * EPS32 + 2 * _low_eps(dtype)) * normed_ref.float().abs())
 
 
+# Heads of 12 (6 pairs: under the interpreter a program of 4 pairs and a ragged one of 2), H 24
+# (one tile of 32 with 8 masked columns; token tiles of 4, so T = 9 runs three, the last ragged).
+HQ, HKV, D, H_ROPE, BLOCK_SIZE = 3, 1, 12, 24, 4
+ROPE_CONFIG = DecoderConfig(family="qwen2", vocab_size=10, hidden_size=H_ROPE, intermediate_size=8, num_layers=1,
+                            num_heads=HQ, num_kv_heads=HKV, head_dim=D, rope_theta=1e4)
+
+
+def _rope_kv_case(device, T, kind, has_bias, seed):
+    """(args of norm_linear_rope_kv, the pools [2, num_blocks, BLOCK_SIZE, HKV, D] before the call):
+    random pools (slots the call does not name must keep their values), distinct random slots,
+    positions up to 20000 (rope's angles far from 0)."""
+    g = torch.Generator().manual_seed(seed)
+    dtype = _dtype(device)
+    x, residual = _sublayer_input(kind, T, H_ROPE, dtype, device, g)
+    norm_w = (1 + 0.2 * torch.randn(H_ROPE, generator=g)).to(device, dtype)
+    rows = (HQ + 2 * HKV) * D
+    weight = (torch.randn(rows, H_ROPE, generator=g) / H_ROPE**0.5).to(device, dtype)
+    bias = torch.randn(rows, generator=g).to(device, dtype) if has_bias else None
+    positions = torch.randint(0, 20000, (T,), generator=g).to(device)
+    num_blocks = T // BLOCK_SIZE + 3
+    slots = torch.randperm(num_blocks * BLOCK_SIZE, generator=g)[:T].to(device)
+    pools = torch.randn(2, num_blocks, BLOCK_SIZE, HKV, D, generator=g).to(device, dtype)
+    rope = rope_table(ROPE_CONFIG, torch.device(device))
+    return (x, residual, norm_w, EPS, weight, bias, positions, rope, slots), pools
+
+
+def _run_rope_kv(fn, args, pools):
+    """fn (the fused kernel, its twin, or the unfused chain) on fresh copies of the pools:
+    (q, residual, k_pool, v_pool)."""
+    x, residual, norm_w, eps, weight, bias, positions, rope, slots = args
+    k_cache, v_cache = pools.clone()
+    q, r = fn(x, residual, norm_w, eps, weight, bias, positions, rope, k_cache, v_cache, slots)
+    return q, r, k_cache, v_cache
+
+
+def _unfused_chain(x, residual, norm_w, eps, weight, bias, positions, rope, k_cache, v_cache, slots):
+    qkv, r = norm_linear(x, residual, norm_w, eps, weight, bias)
+    return rope_write_kv(qkv, positions, rope, k_cache, v_cache, slots), r
+
+
+@pytest.mark.parametrize("T", [1, 3, 9])
+@pytest.mark.parametrize("kind", ["embeddings", "dense", "partials"])
+@pytest.mark.parametrize("has_bias", [False, True], ids=["no_bias", "bias"])
+def test_norm_linear_rope_kv_matches_eager(device, T, kind, has_bias):
+    args, pools = _rope_kv_case(device, T, kind, has_bias, seed=T * 10 + len(kind))
+    x, residual, norm_w, _, weight, bias, _, _, slots = args
+    dtype = _dtype(device)
+    q, r, k_pool, v_pool = _run_rope_kv(norm_linear_rope_kv, args, pools)
+    q_ref, r_ref, k_ref, v_ref = _run_rope_kv(norm_linear_rope_kv_eager, args, pools)
+    assert q.shape == (T, HQ, D) and q.dtype == dtype and q.is_contiguous() and r.shape == (T, H_ROPE)
+    if kind == "embeddings":
+        assert r is x
+    elif kind == "dense":
+        assert torch.equal(r, r_ref)
+    else:
+        _assert_within(r, r_ref, 4 * EPS32 * x.abs().sum(0) + _low_eps(dtype) * r_ref.float().abs())
+    untouched = torch.ones(pools.shape[1] * BLOCK_SIZE, dtype=torch.bool, device=device)
+    untouched[slots] = False
+    for got, before in ((k_pool, pools[0]), (v_pool, pools[1])):
+        assert torch.equal(got.view(-1, HKV, D)[untouched], before.view(-1, HKV, D)[untouched])
+    # the q|k|v projection as the twin makes it, its bound, and its partner columns (halves swapped)
+    h = add_rms_norm_eager(x.sum(0).to(dtype) if kind == "partials" else x, residual, norm_w, EPS)[0]
+    y = F.linear(h, weight, bias)
+    bound = _linear_bound(h, weight, bias, y, dtype).view(T, HQ + 2 * HKV, D)
+    y = y.float().abs().view(T, HQ + 2 * HKV, D)
+    partner = (y + y.roll(D // 2, -1), bound + bound.roll(D // 2, -1))
+    rope_bound = partner[1] + (2 * EPS32 + 4 * _low_eps(dtype)) * partner[0]
+    _assert_within(q, q_ref, rope_bound[:, :HQ])
+    k_got, k_want = k_pool.view(-1, HKV, D)[slots], k_ref.view(-1, HKV, D)[slots]
+    _assert_within(k_got, k_want, rope_bound[:, HQ : HQ + HKV])
+    v_got, v_want = v_pool.view(-1, HKV, D)[slots], v_ref.view(-1, HKV, D)[slots]
+    _assert_within(v_got, v_want, bound[:, HQ + HKV :],
+                   _rounded_once(h, weight, bias, dtype).view(T, HQ + 2 * HKV, D)[:, HQ + HKV :])
+
+
+@pytest.mark.parametrize("T", [1, 3, 9])
+@pytest.mark.parametrize("kind", ["embeddings", "partials"])
+@pytest.mark.parametrize("has_bias", [False, True], ids=["no_bias", "bias"])
+def test_norm_linear_rope_kv_equals_the_unfused_chain(device, T, kind, has_bias):
+    """Against norm_linear then rope_write_kv (both Triton), whole pools included: bit for bit on
+    CPU (module docstring); on the GPU within the twin's bound, which the test above checks."""
+    args, pools = _rope_kv_case(device, T, kind, has_bias, seed=T * 10 + len(kind) + 5)
+    got = _run_rope_kv(norm_linear_rope_kv, args, pools)
+    chain = _run_rope_kv(_unfused_chain, args, pools)
+    if device == "cpu":
+        assert all(torch.equal(a, b) for a, b in zip(got, chain))
+    else:
+        for a, b in zip(got, chain):
+            assert a.shape == b.shape and a.dtype == b.dtype
+            assert ((a.float() - b.float()).abs() <= 4 * torch.finfo(a.dtype).eps * b.float().abs().amax()).all()
+
+
+def test_norm_linear_rope_kv_rotates_by_position(device):
+    """Against the rotation itself (not a twin): a norm weight and an identity-like q|k|v matrix
+    that copy the normed row into every head, so position 0 leaves q and k the normed row and
+    position 5 turns each pair (x1, x2) of frequency f by 5 f."""
+    dtype = _dtype(device)
+    x = torch.randn(2, D).to(device, dtype)
+    weight = torch.eye(D).repeat(HQ + 2 * HKV, 1).to(device, dtype)  # [(HQ + 2 HKV) D, H = D]: each head copies h
+    rope = rope_table(ROPE_CONFIG, torch.device(device))
+    pools = torch.zeros(2, 1, 2, HKV, D, device=device, dtype=dtype)
+    q, _ = norm_linear_rope_kv(x, None, torch.ones(D, device=device, dtype=dtype), EPS, weight, None,
+                               torch.tensor([0, 5], device=device), rope, pools[0], pools[1],
+                               torch.tensor([1, 0], device=device))
+    h = add_rms_norm_eager(x, None, torch.ones(D, device=device, dtype=dtype), EPS)[0]
+    assert all(torch.equal(q[0, i], h[0]) for i in range(HQ)) and torch.equal(pools[0, 0, 1, 0], h[0])
+    assert torch.equal(pools[1, 0, 1, 0], h[0]) and torch.equal(pools[1, 0, 0, 0], h[1])
+    angle = 5 * 1e4 ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    x1, x2 = h[1].double().cpu().chunk(2)
+    expected = torch.cat((x1 * angle.cos() - x2 * angle.sin(), x2 * angle.cos() + x1 * angle.sin()))
+    for got in (*q[1], pools[0, 0, 0, 0]):
+        assert (got.double().cpu() - expected).abs().max() <= 4 * torch.finfo(dtype).eps * expected.abs().max()
+
+
 def test_empty_inputs(device):
     dtype = _dtype(device)
     w, none = torch.ones(8, device=device, dtype=dtype), torch.empty(0, 8, device=device, dtype=dtype)
@@ -185,6 +309,11 @@ def test_empty_inputs(device):
     assert y.shape == (0, 3) and r.shape == (0, 8)
     assert linear_partials(none, torch.ones(5, 8, device=device, dtype=dtype), split=16).shape == (1, 0, 5)
     assert add_rms_norm_partials(none, None, w, EPS)[0].shape == (0, 8)
+    pool, no_index = torch.ones(2, 3, 2, 1, 4, device=device, dtype=dtype), torch.empty(0, dtype=torch.int64,
+                                                                                      device=device)
+    q, r = norm_linear_rope_kv(none, None, w, EPS, torch.ones(12, 8, device=device, dtype=dtype), None, no_index,
+                               torch.zeros(16, 2, 4, device=device), pool[0], pool[1], no_index)
+    assert q.shape == (0, 1, 4) and r.shape == (0, 8) and bool((pool == 1).all())
 
 
 def test_bad_inputs_raise():
@@ -215,6 +344,40 @@ def test_bad_inputs_raise():
                  lambda: add_rms_norm_partials(x, None, w, EPS, pdl=True)):
         with pytest.raises(ValueError, match="pdl=True needs a CUDA device of compute capability >= 9"):
             call()
+
+
+def test_norm_linear_rope_kv_bad_inputs_raise():
+    """Each check of norm_linear_rope_kv's own arguments (the sublayer's and the weight's are
+    norm_linear's, tested above; one of each here): x [2, 8], Hq 1, Hkv 1, D 4."""
+    x, w, W, pool = torch.ones(2, 8), torch.ones(8), torch.ones(12, 8), torch.zeros(3, 2, 1, 4)
+    pos, rope = torch.zeros(2, dtype=torch.int64), torch.zeros(16, 2, 4)
+
+    def call(x=x, w=w, W=W, bias=None, pos=pos, rope=rope, k=pool, v=pool, slots=pos, **kw):
+        return norm_linear_rope_kv(x, None, w, EPS, W, bias, pos, rope, k, v, slots, **kw)
+
+    for kw, error in [
+        ({"impl": "cuda"}, "impl must be one of"),
+        ({"x": torch.ones(2, 7)}, r"x must be \[T, H\] in the norm weight's dtype"),
+        ({"W": torch.ones(12, 7)}, r"weight must be \[N, K = 8\]"),
+        ({"bias": torch.ones(11)}, r"bias must be \[12\]"),
+        ({"v": torch.zeros(3, 2, 1, 6)}, r"k_cache and v_cache must share one \[num_blocks, block_size, Hkv, D\]"),
+        ({"k": torch.zeros(3, 2, 1, 3), "v": torch.zeros(3, 2, 1, 3)}, "with an even D"),
+        ({"k": torch.zeros(2, 3, 1, 4).transpose(0, 1)}, "k_cache must have a contiguous last dim and blocks"),
+        ({"W": torch.ones(8, 8)}, r"weight must be \[\(Hq \+ 2 Hkv\) D, H\] with Hq >= 1, the pool's Hkv = 1"),
+        ({"W": torch.ones(10, 8)}, r"weight must be \[\(Hq \+ 2 Hkv\) D, H\]"),
+        ({"v": pool.double()}, "the KV pool must hold the activation dtype torch.float32"),
+        ({"pos": pos.int()}, r"positions must be \[T=2\] int64"),
+        ({"slots": pos[:1]}, r"slots must be \[T=2\] int64"),
+        ({"rope": rope[:, :, :2]}, r"rope must be the \[P, 2, D=4\] fp32 table"),
+        ({"x": x.bfloat16(), "w": w.bfloat16(), "W": W.bfloat16(), "k": pool.bfloat16(), "v": pool.bfloat16()},
+         "fp32 on CPU"),
+        ({"slots": pos.to("meta")}, "all inputs must be on one device"),
+        ({"pdl": True}, "pdl=True needs a CUDA device of compute capability >= 9"),
+    ]:
+        with pytest.raises(ValueError, match=error):
+            call(**kw)
+    with pytest.raises(ValueError, match="impl must be 'eager'"):
+        norm_linear_rope_kv_eager(x, None, w, EPS, W, None, pos, rope, pool, pool.clone(), pos, impl="triton")
 
 
 # ---------------------------------------------------------------------------------- the model
