@@ -1,12 +1,16 @@
 """The few-token GEMV layers (`oreal_fast.kernels.decode_gemv`) against the plain layers (cuBLAS
-GEMMs + add_rms_norm + silu_mul), at the Qwen2.5-0.5B shape in bf16, T tokens per forward.
+GEMMs + add_rms_norm + rope_write_kv + silu_mul), at the Qwen2.5-0.5B shape in bf16, T tokens per
+forward.
 
 Run: `pytest benchmarks/test_bench_decode_gemv.py --benchmark-only` (CUDA only; about a minute).
 Cases:
   test_trunk      the 24 layers of an `InferenceModel` (random weights, 0.02 init) without their
-                  attention: a stand-in cache returns the queries' columns of q|k|v as the
-                  attention output (a view, no kernel), so a layer is its norms, four projections
-                  and SwiGLU. Providers: `plain` (`Layer.forward`) and `gemv` (`Layer.forward_gemv`).
+                  attention: a stand-in cache ropes q and k and writes k, v into a one-block pool
+                  (plain: `rope_write_kv`; gemv: the q|k|v kernel does it) and returns the roped
+                  queries as the attention output (no kernel), so a layer is its norms, four
+                  projections, rope with the K/V write, and SwiGLU. Providers: `plain`
+                  (`Layer.forward`) and `gemv` (`Layer.forward_gemv`). Runs before rope moved into
+                  the q|k|v kernel (benchmarks/RESULTS.md, 2026-12-07) left rope out of both.
   test_down_proj  the down projection alone (K 4864 -> N 896, the widest reduction), the 24 layers'
                   own matrices in turn (so no matrix sits in L2 from the call before): cuBLAS
                   `F.linear` against `linear_partials` at several split widths, each followed by
@@ -32,7 +36,7 @@ from rl_shapes import QWEN25_05B as C
 from test_bench_paged_attention import copy_gb_per_s, graph_of  # noqa: F401 (copy_gb_per_s: a fixture)
 
 from oreal_fast.kernels.decode_gemv import add_rms_norm_partials, linear_partials
-from oreal_fast.kernels.trunk_inference import add_rms_norm
+from oreal_fast.kernels.trunk_inference import add_rms_norm, rope_write_kv
 from oreal_fast.rollout.engine.inference_model import InferenceModel
 
 TOKENS = (1, 4, 16)
@@ -56,11 +60,22 @@ def model() -> InferenceModel:
     return m
 
 
-class QueryColumns:
-    """Stand-in `PagedCache`: the attention output is the q columns of q|k|v, a view (no kernel)."""
+class RopeWriteOnly:
+    """Stand-in `PagedCache` of T tokens: rope and the K/V write into a one-block pool (token t at
+    slot t; every layer writes the same pool), the roped queries as the attention output."""
+
+    def __init__(self, T: int) -> None:
+        self.k, self.v = torch.zeros(2, 1, T, C.num_kv_heads, C.head_dim, dtype=torch.bfloat16, device="cuda")
+        self.slots = torch.arange(T, device="cuda")
+
+    def kv_pool(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.k, self.v, self.slots
 
     def attend(self, layer: int, qkv: torch.Tensor, positions: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-        return qkv[:, : C.num_heads * C.head_dim].view(-1, C.num_heads, C.head_dim)  # (T, Hq, D)
+        return rope_write_kv(qkv, positions, rope, self.k, self.v, self.slots)
+
+    def attend_roped(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        return q
 
 
 def layer_weight_bytes(model: InferenceModel) -> int:
@@ -99,7 +114,7 @@ def test_trunk(benchmark, model, copy_gb_per_s, T, provider):
     free_memory()
     g = torch.Generator(device="cuda").manual_seed(T)
     x0 = torch.randn(T, C.hidden_size, device="cuda", generator=g).to(torch.bfloat16)
-    positions, rope, cache = torch.zeros(T, dtype=torch.int64, device="cuda"), model.rope_table(), QueryColumns()
+    positions, rope, cache = torch.zeros(T, dtype=torch.int64, device="cuda"), model.rope_table(), RopeWriteOnly(T)
 
     def trunk():
         x, residual = x0, None

@@ -16,18 +16,21 @@ reads the packed gate|up output (`oreal_fast.kernels.trunk_inference`). A layer 
 
 and the model ends with `add_rms_norm(x, r, norm)` and the caller's head. The attention cache
 (`PagedCache`, built by the model runner per forward) owns the KV pool, the slots and the
-attention kernel; this module never sees them.
+attention kernel; this module sees the pool only to hand one layer's to the few-token path's
+q|k|v kernel (below).
 
 Few tokens (T <= `gemv_max_tokens`, Triton only): a forward that small is bound by its kernel
-count, not its bytes, so the layer runs as skinny GEMMs with the norms and SwiGLU fused in
-(`oreal_fast.kernels.decode_gemv`): 4 kernels besides attention's, where the layer above runs 7
-to 9 (cuBLAS adds split-K reductions at small T):
+count, not its bytes, so the layer runs as skinny GEMMs with the norms, rope with the K/V write,
+and SwiGLU fused in (`oreal_fast.kernels.decode_gemv`): 4 kernels besides the attention kernel,
+where the layer above runs 8 to 10 (rope_write_kv among them; cuBLAS adds split-K reductions at
+small T):
 
-    qkv, r = norm_linear(x, r, attn_norm, Wqkv, bqkv)     # x: the last down's fp32 partial sums
-    o      = cache.attend(layer, qkv, positions, rope)
-    x      = linear_partials(o, Wo)                       # [S, T, H] fp32, added by the next prologue
-    a, r   = norm_linear(x, r, mlp_norm, Wgate_up, swiglu=True)   # silu(g) * u in the epilogue
-    x      = linear_partials(a, Wdown)
+    q, r = norm_linear_rope_kv(x, r, attn_norm, Wqkv, bqkv,   # x: the last down's fp32 partial sums;
+                               positions, rope, *cache.kv_pool(layer))   # k roped and v into the pool
+    o    = cache.attend_roped(layer, q)
+    x    = linear_partials(o, Wo)                         # [S, T, H] fp32, added by the next prologue
+    a, r = norm_linear(x, r, mlp_norm, Wgate_up, swiglu=True)   # silu(g) * u in the epilogue
+    x    = linear_partials(a, Wdown)
 
 ending with `add_rms_norm_partials(x, r, norm)`. The caller sets the threshold (the engine's
 `EngineConfig.gemv_max_tokens`, 1: on an H100 the path wins at one token and loses from four,
@@ -53,7 +56,7 @@ from typing import Protocol
 import torch
 import torch.nn as nn
 
-from oreal_fast.kernels.decode_gemv import add_rms_norm_partials, linear_partials, norm_linear
+from oreal_fast.kernels.decode_gemv import add_rms_norm_partials, linear_partials, norm_linear, norm_linear_rope_kv
 from oreal_fast.kernels.trunk_inference import add_rms_norm, silu_mul
 from oreal_fast.model.decoder import DecoderConfig, Head, rope_table
 
@@ -66,6 +69,16 @@ class PagedCache(Protocol):
 
         qkv: [T, (Hq + 2 Hkv) D] un-roped; positions: [T] int64; rope: [P, 2, D] fp32 -> out [T, Hq, D].
         """
+        ...
+
+    def kv_pool(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`layer`'s k and v pools [num_blocks, block_size, Hkv, D] and the tokens' slots [T] int64
+        in them, for a kernel that ropes and stores k and v itself (then `attend_roped`)."""
+        ...
+
+    def attend_roped(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """`attend` once the caller has stored this forward's roped k and v at `kv_pool`'s slots:
+        q [T, Hq, D] roped -> out [T, Hq, D]."""
         ...
 
 
@@ -119,8 +132,10 @@ class Layer(nn.Module):
         previous sublayer's output -> (this MLP's output as [S', T, H] fp32 partial sums, residual);
         `pdl`: launch them with programmatic dependent launch."""
         attn, mlp = self.attn, self.mlp
-        qkv, residual = norm_linear(x, residual, self.attn_norm, self.eps, attn.qkv.weight, attn.qkv.bias, pdl=pdl)
-        out = cache.attend(attn.layer, qkv, positions, rope)  # (T, Hq, D)
+        k_cache, v_cache, slots = cache.kv_pool(attn.layer)
+        q, residual = norm_linear_rope_kv(x, residual, self.attn_norm, self.eps, attn.qkv.weight, attn.qkv.bias,
+                                          positions, rope, k_cache, v_cache, slots, pdl=pdl)  # (T, Hq, D)
+        out = cache.attend_roped(attn.layer, q)  # (T, Hq, D)
         x = linear_partials(out.flatten(1), attn.o.weight, attn.o.bias, pdl=pdl)  # (S, T, H) fp32
         act, residual = norm_linear(x, residual, self.mlp_norm, self.eps, mlp.gate_up.weight, mlp.gate_up.bias,
                                     swiglu=True, pdl=pdl)  # (T, I)

@@ -8,7 +8,9 @@ KV pool: one tensor [num_layers, 2 (k, v), num_blocks, block_size, Hkv, D] in th
 layer l's caches are the contiguous views `kv[l, 0]` and `kv[l, 1]`, so one indexing op copies a
 block in every layer (copy-on-write of a forked prompt's last block). The caches of one forward
 (`PrefillCache`, `DecodeCache`) take each layer's un-roped q|k|v GEMM output: one kernel
-(`rope_write_kv`) ropes q and k and writes k, v at the tokens' slots, then they attend.
+(`rope_write_kv`) ropes q and k and writes k, v at the tokens' slots, then they attend. The
+few-token GEMV layers rope and write in their q|k|v kernel instead, into the pools and slots
+`kv_pool` gives, and hand the caches the roped q (`attend_roped`).
 
 Row state (device, `max_num_seqs` rows, the first `num_rows` live, in the scheduler's row order):
 `input_ids` (the pending token), `positions` (its position), `block_tables`
@@ -53,8 +55,8 @@ may add one to a GEMM, e.g. a split-K reduction):
   7. gate|up GEMM
   8. silu_mul on the two halves of the gate|up output
   9. down GEMM
-With `gemv_max_tokens` at or above a bucket, that bucket's layers run 1-2, 5-9 as four kernels
-(`InferenceModel`'s few-token path: 6 or 7 per layer).
+With `gemv_max_tokens` at or above a bucket, that bucket's layers run 1-3, 5-9 as four kernels
+(`InferenceModel`'s few-token path: 5 or 6 per layer).
 Once per step: the embedding, the slot and context-length arithmetic, the final add_rms_norm
 and the LM head; sampling (with the tokens' log-probs; greedy rows take one more pass over the
 logits), recording and the stop check after it.
@@ -107,34 +109,49 @@ def sample_tokens(logits: torch.Tensor, uniform: torch.Tensor | None, params: Sa
 
 
 class PrefillCache:
-    """`PagedCache` of a prefill: rope q and k and write k, v at their pool slots (one kernel), then
-    attend the new tokens causally among themselves (no sequence in a prefill has a cached prefix),
-    on the roped k, v read back from the pool."""
+    """`PagedCache` of a prefill: rope q and k and write k, v at their pool slots (one kernel, or the
+    caller's q|k|v kernel: `kv_pool`, `attend_roped`), then attend the new tokens causally among
+    themselves (no sequence in a prefill has a cached prefix), on the roped k, v read back from the
+    pool."""
 
     def __init__(self, kv: torch.Tensor, slots: torch.Tensor, backend, cu_seqlens: torch.Tensor, max_seqlen: int):
         self.kv, self.slots, self.backend, self.cu, self.max_seqlen = kv, slots, backend, cu_seqlens, max_seqlen
         self.impl = "triton" if kv.device.type == "cuda" else "eager"
 
+    def kv_pool(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.kv[layer, 0], self.kv[layer, 1], self.slots
+
     def attend(self, layer: int, qkv: torch.Tensor, positions: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         kv = self.kv[layer]
-        q = rope_write_kv(qkv, positions, rope, kv[0], kv[1], self.slots, impl=self.impl)
+        return self.attend_roped(layer, rope_write_kv(qkv, positions, rope, kv[0], kv[1], self.slots, impl=self.impl))
+
+    def attend_roped(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        kv = self.kv[layer]
         Hkv, D = kv.shape[-2:]
         k, v = (kv[i].view(-1, Hkv, D)[self.slots] for i in (0, 1))  # (T, Hkv, D) each
         return self.backend(q, k, v, self.cu, self.max_seqlen)
 
 
 class DecodeCache:
-    """`PagedCache` of a decode step: one token per row, roped and written at its slot (one kernel),
-    attending over the row's whole context through its block table."""
+    """`PagedCache` of a decode step: one token per row, roped and written at its slot (one kernel,
+    or the caller's q|k|v kernel: `kv_pool`, `attend_roped`), attending over the row's whole
+    context through its block table."""
 
     def __init__(self, kv: torch.Tensor, slots: torch.Tensor, block_tables: torch.Tensor,
                  context_lens: torch.Tensor, impl: str, pdl: bool = False):
         self.kv, self.slots, self.block_tables, self.context_lens, self.impl = kv, slots, block_tables, context_lens, impl
         self.pdl = pdl  # the kernels launch with programmatic dependent launch (the GEMV layers' steps)
 
+    def kv_pool(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.kv[layer, 0], self.kv[layer, 1], self.slots
+
     def attend(self, layer: int, qkv: torch.Tensor, positions: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         kv = self.kv[layer]
         q = rope_write_kv(qkv, positions, rope, kv[0], kv[1], self.slots, pdl=self.pdl, impl=self.impl)
+        return self.attend_roped(layer, q)
+
+    def attend_roped(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        kv = self.kv[layer]
         return paged_decode_attention(q, kv[0], kv[1], self.block_tables, self.context_lens, pdl=self.pdl,
                                       impl=self.impl)
 
