@@ -154,6 +154,22 @@ def _rms_norm_tile(x, NormW_ptr, h, hmask, H, eps, dtype: tl.constexpr, AXIS: tl
 
 
 @triton.jit
+def _normed_tile(X_ptr, R_ptr, NormW_ptr, ROut_ptr, t, h, hmask, T, H, stride_xs, stride_xt, stride_r, eps,
+                 writer, dtype: tl.constexpr, NUM_SPLITS: tl.constexpr, PARTIALS: tl.constexpr,
+                 HAS_RESIDUAL: tl.constexpr, WRITE_RESIDUAL: tl.constexpr):
+    """A token tile's prologue: the residual stream after the add at tokens t (stored by the one
+    `writer` program; the others only read the old stream), normed: [BLOCK_T, 1, BLOCK_H] fp32
+    holding dtype values."""
+    mask = (t < T) & hmask
+    x = _residual_tile(X_ptr, R_ptr, t, h, mask, stride_xs, stride_xt, stride_r, dtype,
+                       NUM_SPLITS, PARTIALS, HAS_RESIDUAL)
+    if WRITE_RESIDUAL:
+        if writer:
+            tl.store(ROut_ptr + t * H + h, x.to(dtype), mask=mask)
+    return _rms_norm_tile(x, NormW_ptr, h, hmask, H, eps, dtype, 2)
+
+
+@triton.jit
 def _norm_linear_kernel(X_ptr, R_ptr, NormW_ptr, W_ptr, B_ptr, Y_ptr, ROut_ptr,
                         T, H, N, stride_xs, stride_xt, stride_r, stride_w, stride_y, eps,
                         NUM_SPLITS: tl.constexpr, PARTIALS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
@@ -183,13 +199,8 @@ def _norm_linear_kernel(X_ptr, R_ptr, NormW_ptr, W_ptr, B_ptr, Y_ptr, ROut_ptr,
     for t0 in range(0, T, BLOCK_T):
         t_2d = t0 + tl.arange(0, BLOCK_T)[:, None]  # [BLOCK_T, 1]
         t = t_2d[:, :, None].to(tl.int64)
-        mask = (t < T) & hmask
-        x = _residual_tile(X_ptr, R_ptr, t, h, mask, stride_xs, stride_xt, stride_r, dtype,
-                           NUM_SPLITS, PARTIALS, HAS_RESIDUAL)  # [BLOCK_T, 1, BLOCK_H]
-        if WRITE_RESIDUAL:
-            if pid == 0:  # one writer; the others only read the old stream
-                tl.store(ROut_ptr + t * H + h, x.to(dtype), mask=mask)
-        xn = _rms_norm_tile(x, NormW_ptr, h, hmask, H, eps, dtype, 2)
+        xn = _normed_tile(X_ptr, R_ptr, NormW_ptr, ROut_ptr, t, h, hmask, T, H, stride_xs, stride_xt, stride_r, eps,
+                          pid == 0, dtype, NUM_SPLITS, PARTIALS, HAS_RESIDUAL, WRITE_RESIDUAL)  # [BLOCK_T, 1, BLOCK_H]
         y = tl.sum(xn * w, 2)  # [BLOCK_T, BLOCK_N] fp32
         if HAS_BIAS:
             y += b
@@ -237,13 +248,8 @@ def _norm_linear_rope_kv_kernel(X_ptr, R_ptr, NormW_ptr, W_ptr, B_ptr, Pos_ptr, 
     for t0 in range(0, T, BLOCK_T):
         t_2d = t0 + tl.arange(0, BLOCK_T)[:, None]  # [BLOCK_T, 1]
         t = t_2d[:, :, None].to(tl.int64)
-        mask = (t < T) & hmask
-        x = _residual_tile(X_ptr, R_ptr, t, h, mask, stride_xs, stride_xt, stride_r, dtype,
-                           NUM_SPLITS, PARTIALS, HAS_RESIDUAL)  # [BLOCK_T, 1, BLOCK_H]
-        if WRITE_RESIDUAL:
-            if pid == 0:  # one writer; the others only read the old stream
-                tl.store(ROut_ptr + t * H + h, x.to(dtype), mask=mask)
-        xn = _rms_norm_tile(x, NormW_ptr, h, hmask, H, eps, dtype, 2)
+        xn = _normed_tile(X_ptr, R_ptr, NormW_ptr, ROut_ptr, t, h, hmask, T, H, stride_xs, stride_xt, stride_r, eps,
+                          pid == 0, dtype, NUM_SPLITS, PARTIALS, HAS_RESIDUAL, WRITE_RESIDUAL)  # [BLOCK_T, 1, BLOCK_H]
         y1 = tl.sum(xn * w1, 2)  # [BLOCK_T, BLOCK_J] fp32
         y2 = tl.sum(xn * w2, 2)
         if HAS_BIAS:

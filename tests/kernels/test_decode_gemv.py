@@ -102,6 +102,16 @@ def _sublayer_input(kind, T, H, dtype, device, g):
     return torch.randn(3, T, H, generator=g).to(device), residual
 
 
+def _assert_residual(kind, x, r, r_ref):
+    """The residual stream a kernel returns against its twin's, for x of `_sublayer_input`."""
+    if kind == "embeddings":
+        assert r is x
+    elif kind == "dense":
+        assert torch.equal(r, r_ref)  # an exact fp32 sum of two dtype values, rounded once in both
+    else:
+        _assert_within(r, r_ref, 4 * EPS32 * x.abs().sum(0) + _low_eps(r.dtype) * r_ref.float().abs())
+
+
 def _linear_bound(h, weight, bias, ref, dtype):
     """Allowed |kernel - twin| of F.linear(h, weight, bias) rounded to dtype (module docstring)."""
     terms = h.float().abs() @ weight.float().abs().T
@@ -126,12 +136,7 @@ def test_norm_linear_matches_eager(device, T, kind, has_bias, swiglu):
     y, r = norm_linear(x, residual, norm_w, EPS, weight, bias, swiglu=swiglu)
     y_ref, r_ref = norm_linear_eager(x, residual, norm_w, EPS, weight, bias, swiglu=swiglu)
     assert y.shape == (T, N) and y.is_contiguous() and r.shape == (T, H)
-    if kind == "embeddings":
-        assert r is x
-    elif kind == "dense":
-        assert torch.equal(r, r_ref)  # an exact fp32 sum of two dtype values, rounded once in both
-    else:
-        _assert_within(r, r_ref, 4 * EPS32 * x.abs().sum(0) + _low_eps(dtype) * r_ref.float().abs())
+    _assert_residual(kind, x, r, r_ref)
     h = add_rms_norm_eager(x.sum(0).to(dtype) if kind == "partials" else x, residual, norm_w, EPS)[0]
     if not swiglu:
         _assert_within(y, y_ref, _linear_bound(h, weight, bias, y_ref, dtype), _rounded_once(h, weight, bias, dtype))
@@ -177,12 +182,7 @@ def test_add_rms_norm_partials_matches_eager(device, T, kind):
     w = (1 + 0.2 * torch.randn(H, generator=g)).to(device, dtype)
     (normed, r), (normed_ref, r_ref) = (add_rms_norm_partials(x, residual, w, EPS),
                                         add_rms_norm_partials_eager(x, residual, w, EPS))
-    if kind == "embeddings":
-        assert r is x
-    elif kind == "dense":
-        assert torch.equal(r, r_ref)
-    else:
-        _assert_within(r, r_ref, 4 * EPS32 * x.abs().sum(0) + _low_eps(dtype) * r_ref.float().abs())
+    _assert_residual(kind, x, r, r_ref)
     # the normed row is rounded before the weight: one ulp there, one in the product
     _assert_within(normed, normed_ref, (16 * EPS32 + 2 * _low_eps(dtype)) * normed_ref.float().abs())
 
@@ -237,12 +237,7 @@ def test_norm_linear_rope_kv_matches_eager(device, T, kind, has_bias):
     q, r, k_pool, v_pool = _run_rope_kv(norm_linear_rope_kv, args, pools)
     q_ref, r_ref, k_ref, v_ref = _run_rope_kv(norm_linear_rope_kv_eager, args, pools)
     assert q.shape == (T, HQ, D) and q.dtype == dtype and q.is_contiguous() and r.shape == (T, H_ROPE)
-    if kind == "embeddings":
-        assert r is x
-    elif kind == "dense":
-        assert torch.equal(r, r_ref)
-    else:
-        _assert_within(r, r_ref, 4 * EPS32 * x.abs().sum(0) + _low_eps(dtype) * r_ref.float().abs())
+    _assert_residual(kind, x, r, r_ref)
     untouched = torch.ones(pools.shape[1] * BLOCK_SIZE, dtype=torch.bool, device=device)
     untouched[slots] = False
     for got, before in ((k_pool, pools[0]), (v_pool, pools[1])):
@@ -280,20 +275,21 @@ def test_norm_linear_rope_kv_equals_the_unfused_chain(device, T, kind, has_bias)
 
 
 def test_norm_linear_rope_kv_rotates_by_position(device):
-    """Against the rotation itself (not a twin): a norm weight and an identity-like q|k|v matrix
-    that copy the normed row into every head, so position 0 leaves q and k the normed row and
-    position 5 turns each pair (x1, x2) of frequency f by 5 f."""
+    """Against the rotation itself (not a twin): an identity-like q|k|v matrix copies the normed
+    row into every head, so v holds it as the kernel made it, position 0 leaves q and k equal to
+    it, and position 5 turns each pair (x1, x2) of frequency f by the angle 5 f."""
     dtype = _dtype(device)
-    x = torch.randn(2, D).to(device, dtype)
-    weight = torch.eye(D).repeat(HQ + 2 * HKV, 1).to(device, dtype)  # [(HQ + 2 HKV) D, H = D]: each head copies h
+    x = torch.randn(2, D, generator=torch.Generator().manual_seed(3)).to(device, dtype)
+    weight = torch.eye(D).repeat(HQ + 2 * HKV, 1).to(device, dtype)  # [(HQ + 2 HKV) D, H = D]
+    norm_w = torch.ones(D, device=device, dtype=dtype)
     rope = rope_table(ROPE_CONFIG, torch.device(device))
     pools = torch.zeros(2, 1, 2, HKV, D, device=device, dtype=dtype)
-    q, _ = norm_linear_rope_kv(x, None, torch.ones(D, device=device, dtype=dtype), EPS, weight, None,
-                               torch.tensor([0, 5], device=device), rope, pools[0], pools[1],
-                               torch.tensor([1, 0], device=device))
-    h = add_rms_norm_eager(x, None, torch.ones(D, device=device, dtype=dtype), EPS)[0]
+    q, _ = norm_linear_rope_kv(x, None, norm_w, EPS, weight, None, torch.tensor([0, 5], device=device), rope,
+                               pools[0], pools[1], torch.tensor([1, 0], device=device))
+    h = pools[1, 0, :, 0].flip(0)  # v: token 0 at slot 1, token 1 at slot 0
+    h_ref = add_rms_norm_eager(x, None, norm_w, EPS)[0]
+    assert ((h.float() - h_ref.float()).abs() <= (16 * EPS32 + 2 * _low_eps(dtype)) * h_ref.float().abs()).all()
     assert all(torch.equal(q[0, i], h[0]) for i in range(HQ)) and torch.equal(pools[0, 0, 1, 0], h[0])
-    assert torch.equal(pools[1, 0, 1, 0], h[0]) and torch.equal(pools[1, 0, 0, 0], h[1])
     angle = 5 * 1e4 ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
     x1, x2 = h[1].double().cpu().chunk(2)
     expected = torch.cat((x1 * angle.cos() - x2 * angle.sin(), x2 * angle.cos() + x1 * angle.sin()))
@@ -387,9 +383,10 @@ TINY = DecoderConfig(family="qwen2", vocab_size=97, hidden_size=64, intermediate
                      tie_embeddings=True, init_std=0.2)
 
 
-def _greedy(model: InferenceModel, prompts: list[torch.Tensor], steps: int) -> tuple[list[list[int]], list]:
+def _greedy(model: InferenceModel, prompts: list[torch.Tensor],
+            steps: int) -> tuple[list[list[int]], list, torch.Tensor]:
     """Prefill the prompts in one packed forward, then `steps` greedy decode steps of all rows:
-    (tokens per row, logits of every forward)."""
+    (tokens per row, logits of every forward, the KV pool after them)."""
     c, device, bs = model.config, model.embed.weight.device, 4
     lens = [len(p) for p in prompts]
     kv = torch.zeros(c.num_layers, 2, 16, bs, c.num_kv_heads, c.head_dim, device=device)
@@ -410,7 +407,7 @@ def _greedy(model: InferenceModel, prompts: list[torch.Tensor], steps: int) -> t
         cache = DecodeCache(kv, slots(every, pos), tables, (pos + 1).int(), model.impl)
         logits.append(model(tokens[-1], pos, cu, 1, cache, lambda h, w: h @ w.T))
         tokens.append(logits[-1].argmax(-1))
-    return torch.stack(tokens, 1).tolist(), logits
+    return torch.stack(tokens, 1).tolist(), logits, kv
 
 
 def _causal(q, k, v, cu):
@@ -423,10 +420,12 @@ def _causal(q, k, v, cu):
     return torch.cat(out)
 
 
-def test_inference_model_few_token_path_gives_the_plain_paths_tokens_and_logits(device):
+def test_inference_model_few_token_path_gives_the_plain_paths_tokens_and_logits(device, monkeypatch):
     """Three prompts, then 6 greedy steps (T = 3) with the few-token path on (threshold 3: the
-    prefill of 14 tokens stays plain) and off, fp32: the same tokens, logits equal to fp32
-    round-off (the sums run in another order: 1e-5 of their scale); a wrong layer errs by order 1."""
+    prefill of 14 tokens stays plain; 16: it takes the path too) and off, fp32: the same tokens,
+    logits and the KV pool's contents equal to fp32 round-off (the sums run in another order: 1e-5
+    of their scale); a wrong layer, rope or slot errs by order 1. The path's layers rope and write
+    k, v in their q|k|v kernel: no cache's `attend` (the plain layers' rope_write_kv) runs there."""
     torch.manual_seed(0)
     m = Decoder(TINY, attn_backend="sdpa", dtype=torch.float32, device=device)
     m.init_weights()
@@ -436,16 +435,24 @@ def test_inference_model_few_token_path_gives_the_plain_paths_tokens_and_logits(
                 p.add_(0.1 * torch.randn_like(p))
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, TINY.vocab_size, (n,), generator=g).to(device) for n in (5, 1, 8)]
-    runs = []
-    for threshold in (0, 3):
+    attends = []  # the cache class of every `attend` call
+    for cache in (PrefillCache, DecodeCache):
+        monkeypatch.setattr(cache, "attend", lambda self, *args, attend=cache.attend:
+                            attends.append(type(self)) or attend(self, *args))
+    runs, L = [], TINY.num_layers
+    for threshold in (0, 3, 16):
         copy = InferenceModel(TINY, device=device, dtype=torch.float32, impl="triton", gemv_max_tokens=threshold)
         copy.load_weights(full_weights(m))
         with torch.no_grad():
             runs.append(_greedy(copy, prompts, steps=6))
-    (plain_tokens, plain_logits), (gemv_tokens, gemv_logits) = runs
-    assert gemv_tokens == plain_tokens
-    for got, ref in zip(gemv_logits, plain_logits):
-        assert got.shape == ref.shape and (got - ref).abs().max() <= 1e-5 * ref.abs().max()
+        assert attends == [PrefillCache] * L * (threshold < 14) + [DecodeCache] * 6 * L * (threshold == 0)
+        attends.clear()
+    (plain_tokens, plain_logits, plain_kv), *gemv_runs = runs
+    for gemv_tokens, gemv_logits, gemv_kv in gemv_runs:
+        assert gemv_tokens == plain_tokens
+        for got, ref in zip(gemv_logits, plain_logits):
+            assert got.shape == ref.shape and (got - ref).abs().max() <= 1e-5 * ref.abs().max()
+        assert (gemv_kv - plain_kv).abs().max() <= 1e-5 * plain_kv.abs().max()
 
 
 # ---------------------------------------------------------------------------------- GPU, real shapes
