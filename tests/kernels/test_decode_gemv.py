@@ -189,7 +189,7 @@ def test_add_rms_norm_partials_matches_eager(device, T, kind):
 
 # Heads of 12 (6 pairs: under the interpreter a program of 4 pairs and a ragged one of 2), H 24
 # (one tile of 32 with 8 masked columns; token tiles of 4, so T = 9 runs three, the last ragged).
-HQ, HKV, D, H_ROPE, BLOCK_SIZE = 3, 1, 12, 24, 4
+HQ, HKV, D, H_ROPE, BLOCK_SIZE = 4, 2, 12, 24, 4
 ROPE_CONFIG = DecoderConfig(family="qwen2", vocab_size=10, hidden_size=H_ROPE, intermediate_size=8, num_layers=1,
                             num_heads=HQ, num_kv_heads=HKV, head_dim=D, rope_theta=1e4)
 
