@@ -239,10 +239,11 @@ class ActivationForecast:
                    micro_batch_tokens(cfg.rl_mirco_batch, cfg.rl_micro_batch_tokens, cfg.gen_max_length),
                    cfg.rl_mirco_batch, cfg.rl_micro_batch_tokens)
 
-    def peak_gib(self, peak_gib: Mapping[str, float], kept: list[Trajectory]) -> dict[str, float]:
-        """``peak_gib`` with its ``rl`` entry grown from the step's largest micro-batch of ``kept`` to
-        ``max_tokens``."""
-        lengths = [len(t.prompt_ids) + len(t.response_ids) for t in kept]
+    def peak_gib(self, peak_gib: Mapping[str, float], share: list[Trajectory]) -> dict[str, float]:
+        """``peak_gib`` with its ``rl`` entry grown from the largest micro-batch this rank trained to
+        ``max_tokens``; ``share``: the rank's kept trajectories (``DataParallel.share``), planned as
+        ``rl_step.rl_phase`` plans them."""
+        lengths = [t.num_tokens for t in share]
         groups = plan_micro_batches(lengths, self.micro_batch_size, self.token_budget)
         largest = max((sum(lengths[i] for i in g) for g in groups), default=0)
         growth = self.bytes_per_token * max(0, self.max_tokens - largest) / 2**30

@@ -195,7 +195,7 @@ class Trainer:
                                          max_norm=cfg.max_grad_norm)                    # 4.12
         if update_actor and kept:  # the rollout's weights follow the actor; its memory, a trained step's peaks
             self.rollout.sync_weights(full_weights(self.models.actor))
-            self.rollout.fit_memory(self.activation_forecast.peak_gib(clock.peak_gib, kept))
+            self.rollout.fit_memory(self.activation_forecast.peak_gib(clock.peak_gib, self.dp.share(kept)))
         lrs = (actor_lr if update_actor else 0.0, rm_lr)
         return self._step_metrics(step, samples, kept, sums, clock, lrs, norms)
 

@@ -15,6 +15,7 @@ from oreal_fast.data.packing import pack_sequences
 from oreal_fast.kernels.trunk_train import TRAIN_OPS
 from oreal_fast.model.attention import sdpa_attention
 from oreal_fast.model.decoder import EAGER_OPS, Decoder, DecoderConfig
+from oreal_fast.parallel import DataParallel
 from oreal_fast.recompute import (PLAN_MARGIN, ActivationForecast, activation_budget, activation_bytes_per_token,
                                   apply_recompute, apply_recompute_plan, block_activation_bytes, blocks_to_recompute,
                                   micro_batch_tokens, recompute_count)
@@ -208,6 +209,18 @@ def test_forecast_grows_the_rl_peak_to_a_full_micro_batch():
     # a trajectory longer than the budget is a micro-batch of its own: nothing to grow
     assert forecast.peak_gib(peaks, [_trajectory(5000)])["rl"] == 6.0
     assert peaks == {"gen": 5.0, "rl": 6.0}  # the measured peaks are not changed
+
+
+def test_forecast_grows_each_ranks_peak_from_the_micro_batches_it_trained():
+    """With data parallelism a rank measures its peak on its own share of the kept list, so its
+    growth counts from its own largest micro-batch, not the whole list's."""
+    forecast = ActivationForecast(bytes_per_token=2**20, max_tokens=4096, micro_batch_size=2, token_budget=4096)
+    kept = [_trajectory(3000), _trajectory(1000), _trajectory(300), _trajectory(200)]
+    shares = [DataParallel(rank, 2).share(kept) for rank in range(2)]
+    assert [t.num_tokens for t in shares[1]] == [300, 200]
+    # rank 0 trained 3000 + 1000 tokens in one micro-batch, rank 1 only 500
+    assert forecast.peak_gib({"rl": 6.0}, shares[0])["rl"] == 6.0 + 96 / 1024
+    assert forecast.peak_gib({"rl": 6.0}, shares[1])["rl"] == 6.0 + 3596 / 1024
 
 
 def test_forecast_for_models_reads_the_split_from_the_config():
