@@ -22,13 +22,19 @@ from __future__ import annotations
 
 import torch
 
+import dataclasses
+from collections.abc import Callable
+
+from oreal_fast.algo import global_normalisers
 from oreal_fast.config import TrainConfig
 from oreal_fast.kernels.trunk_train import TRAIN_OPS
 from oreal_fast.model.decoder import Decoder, DecoderConfig, TokenRewardModel, TrunkOps, trunk_flops
 from oreal_fast.recompute import (activation_budget, apply_recompute, block_activation_bytes, blocks_to_recompute,
                                   committed_bytes)
-from oreal_fast.runtime import RLModels
-from oreal_fast.trajectories import Trajectory
+from oreal_fast.parallel import DataParallel
+from oreal_fast.rl_step import RLSettings, rl_micro_step
+from oreal_fast.runtime import Precision, RLModels
+from oreal_fast.trajectories import Trajectory, make_micro_batch
 
 QWEN25_05B = DecoderConfig(family="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
                            num_layers=24, num_heads=14, num_kv_heads=2, head_dim=64, rms_norm_eps=1e-6,
@@ -36,6 +42,8 @@ QWEN25_05B = DecoderConfig(family="qwen2", vocab_size=151936, hidden_size=896, i
 PEAK_FLOPS = 790e12
 DEVICE = "cuda"
 CAP_GIB = 40.0
+MICRO_PROMPT = 512
+MICRO_CFG = TrainConfig(actor="random", datasets="none", threshold_rescale=True, pos_mult_adv=True)
 
 
 def decoder(dtype: torch.dtype, *, with_lm_head: bool = True, compute_dtype: torch.dtype = torch.bfloat16,
@@ -129,3 +137,32 @@ def mixed_case() -> list[Trajectory]:
     totals = [int(200 * (16384 / 200) ** (x**3)) for x in u]  # long tail: median ~ 300, max ~ 16k
     prompts = [min(470, t // 2) for t in totals]
     return trajectories(prompts, [t - p for t, p in zip(totals, prompts)], seed=2)
+
+
+def micro_batch_trajectories(length: int) -> list[Trajectory]:
+    """The official micro-batch: two samples of one 512-token prompt, each `length` tokens in all."""
+    kept = trajectories([MICRO_PROMPT, MICRO_PROMPT], [length - MICRO_PROMPT] * 2)
+    kept[1].prompt_ids = kept[0].prompt_ids
+    return kept
+
+
+def micro_batch_step(length: int, *, impl: str = "triton", loss_kernel: str = "linear_logprob",
+                     ops: TrunkOps = TRAIN_OPS, recompute: int | None = None, weights_cast_once: bool = True,
+                     merged_projections: bool = True) -> tuple[Callable[[], None], int]:
+    """(step, blocks recomputed): step runs the whole RL phase of `micro_batch_trajectories(length)`
+    (reference forward, token-RM and actor forward + backward) as rl_phase runs a micro-batch,
+    gradients dropped after it; the defaults are the trainer's."""
+    models, recomputed = rl_models(recompute, ops=ops, tokens=2 * length, loss_kernel=loss_kernel,
+                                   weights_cast_once=weights_cast_once)
+    batch = make_micro_batch(micro_batch_trajectories(length)).to(torch.device(DEVICE))
+    norm = global_normalisers(batch.action_cu_seqlens.diff(), batch.rewards)
+    cfg = dataclasses.replace(MICRO_CFG, loss_impl=impl, loss_kernel=loss_kernel,
+                              weights_cast_once=weights_cast_once, merged_projections=merged_projections)
+    settings = RLSettings.from_config(cfg, Precision(torch.device(DEVICE), torch.bfloat16))
+
+    def step():
+        with settings.weight_casts(models, DataParallel()):  # as rl_phase runs its micro-batches
+            rl_micro_step(models, batch, norm, settings, update_actor=True)
+        models.actor.zero_grad(set_to_none=True)
+        models.token_rm.zero_grad(set_to_none=True)
+    return step, recomputed

@@ -91,11 +91,13 @@ for part in "$@"; do
       decode_bench="benchmarks/test_bench_decode.py benchmarks/test_bench_rollout.py"
       run_bench "$decode_bench" "decode or oreal_fast-B256" decode "${DECODE_TIMEOUT:-240}" | tee "$OUT/decode_bench.log"
       reports=("$OUT/decode.json")
-      if [ -n "${BASELINE_ROOT:-}" ]; then  # the same files, importing oreal_fast from BASELINE_ROOT (first on sys.path)
+      if [ -n "${BASELINE_ROOT:-}" ]; then
+        # the same files, importing oreal_fast from BASELINE_ROOT (the working directory, first on sys.path;
+        # `-o pythonpath=` drops pyproject's `pythonpath = ["."]`, which would put this checkout before it)
         out=$(realpath "$OUT") repo=$PWD
         (cd "$BASELINE_ROOT" && $PY -c "import oreal_fast; print('baseline:', oreal_fast.__file__)" \
           && timeout "${DECODE_TIMEOUT:-240}" $PY -m pytest $(printf "$repo/%s " $decode_bench) --benchmark-only -q \
-            -p no:cacheprovider -k "decode or oreal_fast-B256" --benchmark-json "$out/decode_baseline.json" \
+            -p no:cacheprovider -o pythonpath= -k "decode or oreal_fast-B256" --benchmark-json "$out/decode_baseline.json" \
             --benchmark-columns=median,iqr,rounds --benchmark-sort=name) 2>&1 | tee "$OUT/decode_baseline.log"
         reports+=("$OUT/decode_baseline.json")
       fi

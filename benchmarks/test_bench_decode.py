@@ -32,6 +32,7 @@ extra_info per case:
   kernels_per_step  GPU kernels and copies per decode step of the same engine without CUDA graphs
                  (torch.profiler, calls of 8 and 16 decode steps, difference over 8, the rounds'
                  own kernels counted in their share)
+  oreal_fast_path  the file of the oreal_fast this run imported (which tree a baseline run measured)
   engine_*       the engine's stats() after the N + E call
 """
 
@@ -45,6 +46,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+import oreal_fast
 from oreal_fast.model.decoder import Decoder, DecoderConfig
 from oreal_fast.rollout import EngineConfig, PagedEngine, SamplingParams
 
@@ -202,4 +204,4 @@ def test_decode_step(benchmark, model, copy_gbps, batch, context, steps_per_roun
         step_ms=step_ms,
         floor_ms=floor_ms,
         copy_gbps=copy_gbps, gpu_ms=gpu_ms, wall_over_gpu=step_ms / gpu_ms, kernels_per_step=kernels,
-        **{f"engine_{k}": v for k, v in stats.items()})
+        oreal_fast_path=oreal_fast.__file__, **{f"engine_{k}": v for k, v in stats.items()})

@@ -29,25 +29,19 @@ during the call, the three models' weights and gradients included, optimiser sta
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 
 import pytest
 import torch
 
-from rl_shapes import DEVICE, PEAK_FLOPS, QWEN25_05B, rl_models, rl_phase_flops, trajectories
+from rl_shapes import (DEVICE, MICRO_CFG, PEAK_FLOPS, QWEN25_05B, micro_batch_step, micro_batch_trajectories,
+                       rl_phase_flops)
 
 from oreal_fast.algo import (ActorLossInputs, LossCoefficients, global_normalisers, oreal_actor_loss, rm_bce_loss,
                              sequence_means)
-from oreal_fast.config import TrainConfig
 from oreal_fast.kernels.trunk_train import TRAIN_OPS
 from oreal_fast.model.decoder import EAGER_OPS
-from oreal_fast.parallel import DataParallel
-from oreal_fast.rl_step import RLSettings, rl_micro_step
-from oreal_fast.runtime import Precision
-from oreal_fast.trajectories import Trajectory, make_micro_batch
 
-PROMPT = 512
 LENGTHS = {"L4096": 4096, "L16384": 16384}
 # provider -> (loss impl, loss kernel, trunk ops, blocks recomputed: None = the plan, weights_cast_once,
 #              merged_projections)
@@ -63,30 +57,12 @@ OURS = {
     "merged": ("triton", "linear_logprob", TRAIN_OPS, None, True, True),
 }
 PROVIDERS = (*OURS, "hf_plain")
-CFG = TrainConfig(actor="random", datasets="none", threshold_rescale=True, pos_mult_adv=True)
-
-
-def _trajectories(length: int) -> list[Trajectory]:
-    kept = trajectories([PROMPT, PROMPT], [length - PROMPT] * 2)
-    kept[1].prompt_ids = kept[0].prompt_ids  # one prompt, two samples
-    return kept
 
 
 def _ours(length: int, provider: str):
     impl, loss_kernel, ops, recompute, cast_once, merged = OURS[provider]
-    models, recomputed = rl_models(recompute, ops=ops, tokens=2 * length, loss_kernel=loss_kernel,
-                                   weights_cast_once=cast_once)
-    batch = make_micro_batch(_trajectories(length)).to(torch.device(DEVICE))
-    norm = global_normalisers(batch.action_cu_seqlens.diff(), batch.rewards)
-    cfg = dataclasses.replace(CFG, loss_impl=impl, loss_kernel=loss_kernel, weights_cast_once=cast_once,
-                              merged_projections=merged)
-    settings = RLSettings.from_config(cfg, Precision(torch.device(DEVICE), torch.bfloat16))
-
-    def step():
-        with settings.weight_casts(models, DataParallel()):  # as rl_phase runs its micro-batches
-            rl_micro_step(models, batch, norm, settings, update_actor=True)
-        models.actor.zero_grad(set_to_none=True)
-        models.token_rm.zero_grad(set_to_none=True)
+    step, recomputed = micro_batch_step(length, impl=impl, loss_kernel=loss_kernel, ops=ops, recompute=recompute,
+                                        weights_cast_once=cast_once, merged_projections=merged)
     return step, recomputed, loss_kernel == "linear_logprob"
 
 
@@ -105,7 +81,7 @@ def _hf_plain(length: int):
     for m in (actor, rm):
         m.gradient_checkpointing_enable()
         m.train()
-    trajs = _trajectories(length)
+    trajs = micro_batch_trajectories(length)
     input_ids = torch.tensor([t.input_ids for t in trajs], device=DEVICE)  # (2, L): equal lengths, no padding
     labels = torch.tensor([t.labels for t in trajs], device=DEVICE)
     act = labels != -100
@@ -128,7 +104,7 @@ def _hf_plain(length: int):
         seq = torch.repeat_interleave(torch.arange(2, device=DEVICE), lens)
         inputs = ActorLossInputs(ref_lp, torch.tensor([0.5, -0.5], device=DEVICE)[seq], rewards[seq] > 0,
                                  None, None, norm)
-        terms = oreal_actor_loss(lp, inputs, LossCoefficients.from_config(CFG))
+        terms = oreal_actor_loss(lp, inputs, LossCoefficients.from_config(MICRO_CFG))
         terms.loss.backward()
         actor.zero_grad(set_to_none=True)
         rm.zero_grad(set_to_none=True)
@@ -155,7 +131,7 @@ def test_rl_micro_batch(benchmark, provider, length_id):
     benchmark.pedantic(timed, rounds=3, iterations=1)
     benchmark.extra_info["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     median = benchmark.stats.stats.median
-    model_flops, hardware_flops = rl_phase_flops(_trajectories(length), [range(2)],
+    model_flops, hardware_flops = rl_phase_flops(micro_batch_trajectories(length), [range(2)],
                                                  recompute_share=recomputed / QWEN25_05B.num_layers,
                                                  logits_recompute=logits_recompute)
     benchmark.extra_info.update(tokens_per_s=2 * length / median, mfu=model_flops / median / PEAK_FLOPS,
