@@ -8,6 +8,9 @@ Providers:
   sdpa_cudnn    the same, the cuDNN backend forced (K and V expanded to the query heads when the
                 backend refuses grouped heads: the expansion and its gradient sum are timed too)
   sdpa_efficient  the same, the memory-efficient backend forced
+  cudnn_varlen  cuDNN's fused attention over the packed rows (aten's _cudnn_attention_forward /
+                _backward with cumulative sequence starts, as torch's varlen_attn calls them when it
+                picks cuDNN), K and V expanded to the query heads (cuDNN takes no grouped heads here)
 Cases: 2 sequences of L tokens, L in {4096, 16384}. extra_info: "tflops", the causal FLOPs of forward
 and backward, 3.5 x 4 x head_dim x heads x sum n (n + 1) / 2 (rl_shapes.py counts the same), over
 the median time; "max_abs_diff", the largest |out - varlen out| and |dq - varlen dq| over the
@@ -30,7 +33,7 @@ from oreal_fast.model.attention import make_backend
 LENGTHS = {"L4096": 4096, "L16384": 16384}
 SDPA = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
         "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}
-PROVIDERS = ("varlen", *SDPA)
+PROVIDERS = ("varlen", *SDPA, "cudnn_varlen")
 
 
 def _inputs(length: int):
@@ -61,7 +64,32 @@ def _sdpa(backend: SDPBackend, length: int):
     return attend
 
 
+class _CudnnVarlen(torch.autograd.Function):
+    """Packed causal attention through aten's cuDNN varlen ops (q, k, v with equal head counts)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu, max_seqlen):
+        res = torch.ops.aten._cudnn_attention_forward(q, k, v, None, cu, cu, max_seqlen, max_seqlen, True, 0.0, True,
+                                                      False)
+        out, lse, rng = res[0], res[1], res[6]
+        ctx.save_for_backward(q, k, v, out, lse, cu, rng)
+        ctx.max_seqlen = max_seqlen
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, out, lse, cu, rng = ctx.saved_tensors
+        unused = torch.empty(0, device=q.device)
+        dq, dk, dv = torch.ops.aten._cudnn_attention_backward(grad.contiguous(), q, k, v, out, lse, cu, cu,
+                                                              ctx.max_seqlen, ctx.max_seqlen, 0.0, True, rng, unused)
+        return dq, dk, dv, None, None
+
+
 def _provider(name: str, length: int, q, k, v, cu):
+    if name == "cudnn_varlen":
+        groups = QWEN25_05B.num_heads // QWEN25_05B.num_kv_heads
+        return lambda: _CudnnVarlen.apply(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), cu,
+                                          length)
     if name == "varlen":
         backend = make_backend("varlen")
         return lambda: backend(q, k, v, cu, length)
@@ -84,9 +112,9 @@ def test_attention_fwd_bwd(benchmark, provider, length_id):
     try:
         forward = _provider(provider, length, q, k, v, cu)
         out = forward()
-    except RuntimeError as e:
+        (dq,) = torch.autograd.grad(out, (q,), grad)
+    except (RuntimeError, AttributeError, TypeError) as e:
         pytest.skip(f"{provider} cannot run this case here: {str(e)[:200]}")
-    (dq,) = torch.autograd.grad(out, (q,), grad)
     ref_out = make_backend("varlen")(q, k, v, cu, length)
     (ref_dq,) = torch.autograd.grad(ref_out, (q,), grad)
     diff = max((out - ref_out).abs().max().item(), (dq - ref_dq).abs().max().item())
