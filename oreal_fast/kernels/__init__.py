@@ -6,6 +6,7 @@ the test oracle and the trainer's ``loss_impl="eager"`` switch. What the familie
 """
 
 from oreal_fast.kernels.common import IGNORE_INDEX
+from oreal_fast.kernels.decode_tail import decode_slots, decode_slots_eager, decode_tail, decode_tail_eager
 from oreal_fast.kernels.decode_gemv import (add_rms_norm_partials, add_rms_norm_partials_eager, linear_partials,
                                             linear_partials_eager, norm_linear, norm_linear_eager,
                                             norm_linear_rope_kv, norm_linear_rope_kv_eager)
@@ -18,7 +19,8 @@ from oreal_fast.kernels.trunk_inference import (add_rms_norm, add_rms_norm_eager
                                                 silu_mul, silu_mul_eager)
 
 __all__ = ["IGNORE_INDEX", "add_rms_norm", "add_rms_norm_eager", "add_rms_norm_partials",
-           "add_rms_norm_partials_eager", "fused_oreal_loss", "fused_oreal_loss_eager", "linear_logprob",
+           "add_rms_norm_partials_eager", "decode_slots", "decode_slots_eager", "decode_tail",
+           "decode_tail_eager", "fused_oreal_loss", "fused_oreal_loss_eager", "linear_logprob",
            "linear_logprob_eager", "linear_partials", "linear_partials_eager", "norm_linear", "norm_linear_eager",
            "norm_linear_rope_kv", "norm_linear_rope_kv_eager", "paged_decode_attention",
            "paged_decode_attention_eager", "rope_write_kv", "rope_write_kv_eager",

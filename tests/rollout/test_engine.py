@@ -3,6 +3,7 @@ prefix sharing, reproducibility, its uniform stream and the sampled distribution
 (chi-square); decode runs in rounds of several steps (`decode_steps_per_round`)."""
 
 import math
+import os
 
 import pytest
 import torch
@@ -239,6 +240,40 @@ def test_decoding_at_graph_shapes_pads_into_the_null_block_and_changes_no_token(
     e.runner.static_shapes = True
     assert e.generate(PROMPTS, greedy(20), torch.Generator()) == expected
     assert_pool_empty(e)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="the Triton row-state kernels on CPU need TRITON_INTERPRET=1")
+@pytest.mark.parametrize("static_shapes", [False, True], ids=["live_rows", "graph_shapes"])
+def test_row_state_kernels_change_no_token_and_no_logprob(models, static_shapes):
+    """The engine's CUDA path of the row state on CPU (`decode_slots`, `decode_tail`): greedy equals
+    the plain sampler token for token, and greedy and sampled runs (the step's uniforms picked by
+    `decode_slots`) equal the eager row state's tokens and log-probs bit for bit; rounds of 4 steps,
+    rows stopping inside them at their cap or a stop token."""
+    _, ours = models
+    caps = [12, 4, 12, 12, 1, 12, 7, 12, 12]
+    free = PlainSampler(ours, max_batch_size=16).generate(PROMPTS, greedy(12), torch.Generator())
+    stop = free[3][5]
+    expected = PlainSampler(ours, max_batch_size=16).generate(PROMPTS, greedy(12, stop=(stop,)), torch.Generator())
+    expected = [r[:c] for r, c in zip(expected, caps)]
+    assert any(len(r) < c and r[-1] == stop for r, c in zip(expected, caps))  # a stop token ends a response
+    settings = {"greedy": greedy(12, stop=(stop,)),
+                "sampled": SamplingParams(max_new_tokens=12, max_length=64, top_p=0.9, stop_token_ids=(stop,))}
+    runs = {}
+    for impl in ("eager", "triton"):
+        for name, params in settings.items():
+            e = engine(ours, decode_steps_per_round=4, max_num_seqs=16)
+            e.runner.static_shapes = static_shapes
+            e.runner.row_state_impl = impl
+            tokens = e.generate(PROMPTS, params, torch.Generator().manual_seed(3), max_new_per_prompt=caps)
+            runs[impl, name] = tokens, e.response_logprobs()
+            assert_pool_empty(e)
+    assert runs["triton", "greedy"][0] == expected
+    assert runs["triton", "sampled"][0] != expected
+    for name in settings:
+        (tokens, logprobs), (eager_tokens, eager_logprobs) = runs["triton", name], runs["eager", name]
+        assert tokens == eager_tokens, name
+        assert all(torch.equal(a, b) for a, b in zip(logprobs, eager_logprobs)), name
 
 
 def test_per_prompt_caps_must_match_the_prompts(models):

@@ -15,15 +15,16 @@ few-token GEMV layers rope and write in their q|k|v kernel instead, into the poo
 Row state (device, `max_num_seqs` rows, the first `num_rows` live, in the scheduler's row order):
 `input_ids` (the pending token), `positions` (its position), `block_tables`
 [max_num_seqs, max_blocks_per_seq] int32, `num_new`, `limits`, `out_rows` (row of the generated-token
-buffer), `done` (stopped in this round). A decode step derives slot mapping
-(block_tables[pos // block_size] * block_size + pos % block_size) and context lens (pos + 1) from
-them. Rows past `num_rows` are all zeros and `done`; a done row writes its k/v into the null block
-(id 0, `NULL_BLOCK`), which nothing reads, so a CUDA graph padded up to its bucket and a row that
-stopped earlier in the round write nothing anyone reads.
+buffer), `done` (stopped in this round). A decode step derives from them its `slots`
+(block_tables[pos // block_size] * block_size + pos % block_size) and `context_lens` (pos + 1),
+written in place into buffers of their own. Rows past `num_rows` are all zeros and `done`; a done
+row writes its k/v into the null block (id 0, `NULL_BLOCK`), which nothing reads, so a CUDA graph
+padded up to its bucket and a row that stopped earlier in the round write nothing anyone reads.
 
 A round (`start_round`, `decode_step` x steps, `end_round`) runs several decode steps with no host
 sync: each step is the forward, then its tail, all on the device: sample (greedy argmax, or the
-sampler on row `step` of the round's uniforms [steps, num_rows]), store the tokens in the round
+sampler on row `step` of the round's uniforms [steps, num_rows], which the step's `decode_slots`
+copied into `step_uniform` before the layers ran), store the tokens in the round
 buffer `round_tokens` [steps_per_round, max_num_seqs] and their log-probs in `round_logprobs`
 (fp32, the same shape), count the token of every row not done, mark done the rows that now meet
 the stop rule, and advance the others (pending token, position), so a stopped row's later tokens
@@ -57,9 +58,11 @@ may add one to a GEMM, e.g. a split-K reduction):
   9. down GEMM
 With `gemv_max_tokens` at or above a bucket, that bucket's layers run 1-3, 5-9 as four kernels
 (`InferenceModel`'s few-token path: 5 or 6 per layer).
-Once per step: the embedding, the slot and context-length arithmetic, the final add_rms_norm
-and the LM head; sampling (with the tokens' log-probs; greedy rows take one more pass over the
-logits), recording and the stop check after it.
+Once per step: before the layers `decode_slots` (the slots, context lengths and the step's
+uniforms: one kernel) and the embedding; after them the final add_rms_norm and the LM head;
+then sampling (with the tokens' log-probs; greedy rows take one more pass over the logits) and
+`decode_tail` (recording, the count, the stop check, advancing the rows and `step`: one kernel).
+Both row-state kernels are `oreal_fast.kernels.decode_tail`'s (their eager twins off CUDA).
 
 Not here: which rows exist (`scheduler`), sampling and the loop (`engine`).
 Invariant: the weights, the pool and the row-state tensors are allocated once and only written in
@@ -76,6 +79,7 @@ import torch
 import torch.nn.functional as F
 
 from oreal_fast.kernels.common import check_pdl
+from oreal_fast.kernels.decode_tail import decode_slots, decode_tail
 from oreal_fast.kernels.paged_attention import paged_decode_attention
 from oreal_fast.kernels.sampling import sample_with_logprobs, token_logprobs
 from oreal_fast.kernels.trunk_inference import rope_write_kv
@@ -186,6 +190,8 @@ class ModelRunner:
         self.static_shapes = device.type == "cuda"
         self.attn_impl = "triton" if device.type == "cuda" else "eager"
         self.sample_impl = "triton" if device.type == "cuda" else "eager"
+        # the row-state arithmetic around the forward (decode_slots, decode_tail)
+        self.row_state_impl = "triton" if device.type == "cuda" else "eager"
         c = actor.config
         if max_model_len > max_rope_positions(c):
             raise ValueError(f"max_model_len {max_model_len} exceeds the {max_rope_positions(c)} positions "
@@ -217,11 +223,14 @@ class ModelRunner:
         self.limits, self.out_rows = zeros(R), zeros(R)
         self.block_tables = zeros(R, M, dtype=torch.int32)
         self.done = torch.ones(R, dtype=torch.bool, device=device)
+        # a decode step's pool slots and context lengths, derived from the rows' positions and tables
+        self.slots, self.context_lens = zeros(R), zeros(R, dtype=torch.int32)
         self._cu = torch.arange(R + 1, dtype=torch.int32, device=device)
         self._row_ids = torch.arange(R, device=device)
-        # a round's state: its step, uniforms, tokens, and each row's num_new when it began
+        # a round's state: its step, uniforms (all, and the step's row), tokens, and each row's num_new when it began
         self.step, self.round_start = zeros(1), zeros(R)
         self.uniform = torch.zeros(steps_per_round, R, dtype=torch.float32, device=device)
+        self.step_uniform = torch.zeros(R, dtype=torch.float32, device=device)
         self.round_tokens = zeros(steps_per_round, R)
         self.round_logprobs = torch.zeros(steps_per_round, R, dtype=torch.float32, device=device)
         self.num_rows = 0
@@ -464,24 +473,18 @@ class ModelRunner:
         count the token of each row not done, mark done the rows that now meet the stop rule, and
         make the token the pending one of the rows that go on (a stopped row keeps its last
         position, inside its blocks)."""
-        uniform = self.uniform.index_select(0, self.step)[0, :b] if self.sampling.do_sample else None
+        uniform = self.step_uniform[:b] if self.sampling.do_sample else None  # the forward's decode_slots set it
         tokens, logprobs = sample_tokens(self.logits[:b], uniform, self.sampling, self.sample_impl)
-        self.round_tokens[:, :b].index_copy_(0, self.step, tokens[None])
-        self.round_logprobs[:, :b].index_copy_(0, self.step, logprobs[None])
-        self.num_new[:b] += ~self.done[:b]
-        self.done[:b] |= finished(tokens, self.num_new[:b], self.limits[:b], self.stop_ids)
-        going = ~self.done[:b]
-        self.positions[:b] += going
-        self.input_ids[:b] = torch.where(going, tokens, self.input_ids[:b])
-        self.step += 1
+        decode_tail(tokens, logprobs, self.stop_ids, self.limits[:b], self.step, self.round_tokens[:, :b],
+                    self.round_logprobs[:, :b], self.num_new[:b], self.done[:b], self.positions[:b],
+                    self.input_ids[:b], impl=self.row_state_impl)
 
     def _decode_forward(self, b: int, width: int) -> None:
-        pos = self.positions[:b]
-        tables = self.block_tables[:b, :width]
-        block = tables.gather(1, (pos // self.block_size)[:, None].to(torch.int64))[:, 0]
-        slots = block.to(torch.int64) * self.block_size + pos % self.block_size
-        slots = slots.masked_fill(self.done[:b], 0)  # slot 0 of the null block: nothing reads it
-        context = (pos + 1).to(torch.int32)
+        pos, tables = self.positions[:b], self.block_tables[:b, :width]
+        slots, context = self.slots[:b], self.context_lens[:b]
+        # a done row's slot: slot 0 of the null block, which nothing reads; and the step's uniforms for the tail
+        decode_slots(pos, tables, self.done[:b], self.block_size, self.step, self.uniform[:, :b], slots, context,
+                     self.step_uniform[:b], impl=self.row_state_impl)
         # the attention kernels launch as the GEMV layers around them do
         pdl = self.model.gemv_pdl and self.model.runs_gemv_layers(b)
         cache = DecodeCache(self.kv, slots, tables, context, self.attn_impl, pdl=pdl)
