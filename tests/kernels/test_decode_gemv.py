@@ -19,7 +19,8 @@ whole layer in a CUDA graph allows 5 %: a flip upstream moves many outputs downs
 norm_linear_rope_kv: v as norm_linear's y; a roped output d takes the errors of y_d and of its
 partner y_(d +- D/2) (|cos|, |sin| <= 1) plus the roundings of rope's products and sum (two
 units of the dtype's eps of |y_d| + |y_partner|; fp32 eps on CPU, and on the GPU the rope test's
-2 eps for a contracted multiply-add). Against the unfused Triton chain (norm_linear, then
+2 eps for a contracted multiply-add; the contraction moves rope's rounding points, so the
+roped outputs are held to the bound only, with no count of flips). Against the unfused Triton chain (norm_linear, then
 rope_write_kv) the kernel is bit for bit equal on CPU: each output's dot runs over the same
 BLOCK_H-wide row in the same order and every value is rounded at the same points (on the GPU the
 reduction tree may follow the tile's shape, so there the twin's bound applies). A wrong sign,
@@ -34,7 +35,7 @@ from oreal_fast.kernels.common import pdl_available
 from oreal_fast.kernels.decode_gemv import (add_rms_norm_partials, add_rms_norm_partials_eager, linear_partials,
                                             linear_partials_eager, norm_linear, norm_linear_eager,
                                             norm_linear_rope_kv, norm_linear_rope_kv_eager)
-from oreal_fast.kernels.trunk_inference import add_rms_norm_eager, rope_write_kv, rope_write_kv_eager, silu_mul_eager
+from oreal_fast.kernels.trunk_inference import add_rms_norm_eager, rope_write_kv, silu_mul_eager
 from oreal_fast.model.decoder import Decoder, DecoderConfig, rope_table
 from oreal_fast.parallel import full_weights
 from oreal_fast.rollout.engine.inference_model import InferenceModel
@@ -66,14 +67,15 @@ def fp32_gemm_sums():
     matmul.allow_bf16_reduced_precision_reduction = saved
 
 
-def _assert_within(got, ref, bound, rounded_once=None):
-    """|got - ref| within bound; in bf16 also few outputs unequal to `rounded_once` (default ref)."""
+def _assert_within(got, ref, bound, rounded_once=None, count_flips=True):
+    """|got - ref| within bound; in bf16 (with count_flips) also few outputs unequal to
+    `rounded_once` (default ref)."""
     assert got.shape == ref.shape and got.dtype == ref.dtype
     err = (got.double() - ref.double()).abs()
     worst = int((err - bound.double()).flatten().argmax())
     assert (err <= bound.double()).all(), (f"worst at flat index {worst}: got {got.flatten()[worst].item()}, "
                                            f"twin {ref.flatten()[worst].item()}, bound {bound.flatten()[worst].item()}")
-    if got.dtype != torch.float32:
+    if got.dtype != torch.float32 and count_flips:
         _assert_few_differ(got, ref if rounded_once is None else rounded_once)
 
 
@@ -222,15 +224,6 @@ def _run_rope_kv(fn, args, pools):
     return q, r, k_cache, v_cache
 
 
-def _roped_once(h, weight, bias, dtype):
-    """A `_run_rope_kv` fn writing the kernel's contract: the normed rows h projected in fp32 and
-    rounded once (`_rounded_once`), then rope and the pool writes as their eager ops round."""
-    def fn(x, residual, norm_w, eps, weight_, bias_, positions, rope, k_cache, v_cache, slots):
-        qkv = _rounded_once(h, weight, bias, dtype)
-        return rope_write_kv_eager(qkv, positions, rope, k_cache, v_cache, slots), residual
-    return fn
-
-
 def _unfused_chain(x, residual, norm_w, eps, weight, bias, positions, rope, k_cache, v_cache, slots):
     qkv, r = norm_linear(x, residual, norm_w, eps, weight, bias)
     return rope_write_kv(qkv, positions, rope, k_cache, v_cache, slots), r
@@ -258,12 +251,12 @@ def test_norm_linear_rope_kv_matches_eager(device, T, kind, has_bias):
     y = y.float().abs().view(T, HQ + 2 * HKV, D)
     partner = (y + y.roll(D // 2, -1), bound + bound.roll(D // 2, -1))
     rope_bound = partner[1] + (2 * EPS32 + 4 * _low_eps(dtype)) * partner[0]
-    # the contract: the projection summed in fp32 and rounded once, then rope as its eager ops round
-    # (the twin's bf16 GEMM on the GPU may round elsewhere: within the bound, not equal)
-    q_once, _, k_once, _ = _run_rope_kv(_roped_once(h, weight, bias, dtype), args, pools)
-    _assert_within(q, q_ref, rope_bound[:, :HQ], q_once)
+    # roped outputs: the bound only. On the GPU rope's rounding points are not eager's (as for
+    # rope_write_kv, whose test checks its bound only): on an H100 a third of the roped bf16 outputs
+    # differ by an ulp from the projection rounded once and roped by the eager ops
+    _assert_within(q, q_ref, rope_bound[:, :HQ], count_flips=False)
     k_got, k_want = k_pool.view(-1, HKV, D)[slots], k_ref.view(-1, HKV, D)[slots]
-    _assert_within(k_got, k_want, rope_bound[:, HQ : HQ + HKV], k_once.view(-1, HKV, D)[slots])
+    _assert_within(k_got, k_want, rope_bound[:, HQ : HQ + HKV], count_flips=False)
     v_got, v_want = v_pool.view(-1, HKV, D)[slots], v_ref.view(-1, HKV, D)[slots]
     _assert_within(v_got, v_want, bound[:, HQ + HKV :],
                    _rounded_once(h, weight, bias, dtype).view(T, HQ + 2 * HKV, D)[:, HQ + HKV :])

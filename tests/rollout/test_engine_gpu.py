@@ -129,8 +129,6 @@ def test_cuda_graph_decode_equals_eager_decode(model, prompts, block_size, do_sa
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not pdl_available(torch.device("cuda")),
                     reason="programmatic dependent launch needs compute capability >= 9")
-@pytest.mark.xfail(strict=True, reason="a known fault: on an H100 (torch 2.11, Triton 3.6) the sampled tokens "
-                   "differ from plain launches (docs/kernels.md); EngineConfig.gemv_pdl stays off until it is found")
 def test_programmatic_dependent_launch_changes_no_token(model, prompts):
     """The GEMV layers with `gemv_pdl` run the same instructions on the same data, only launched
     earlier: sampled (top-p 0.9) in rounds of 8 from CUDA graphs, every token and log-prob equal."""

