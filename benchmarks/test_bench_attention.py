@@ -71,17 +71,20 @@ class _CudnnVarlen(torch.autograd.Function):
     def forward(ctx, q, k, v, cu, max_seqlen):
         res = torch.ops.aten._cudnn_attention_forward(q, k, v, None, cu, cu, max_seqlen, max_seqlen, True, 0.0, True,
                                                       False)
-        out, lse, rng = res[0], res[1], res[6]
-        ctx.save_for_backward(q, k, v, out, lse, cu, rng)
+        out, lse, seed, offset = res[0], res[1], res[6], res[7]
+        ctx.save_for_backward(q, k, v, out, lse, cu, seed, offset)
         ctx.max_seqlen = max_seqlen
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        q, k, v, out, lse, cu, rng = ctx.saved_tensors
-        unused = torch.empty(0, device=q.device)
-        dq, dk, dv = torch.ops.aten._cudnn_attention_backward(grad.contiguous(), q, k, v, out, lse, cu, cu,
-                                                              ctx.max_seqlen, ctx.max_seqlen, 0.0, True, rng, unused)
+        q, k, v, out, lse, cu, seed, offset = ctx.saved_tensors
+        no_bias = torch.empty(0, device=q.device, dtype=q.dtype)  # the schema takes a tensor, not None
+        # (grad_out, q, k, v, out, logsumexp, philox_seed, philox_offset, attn_bias, cum_seq_q, cum_seq_k,
+        #  max_q, max_k, dropout_p, is_causal), as aten's schema lists them
+        dq, dk, dv = torch.ops.aten._cudnn_attention_backward(grad.contiguous(), q, k, v, out, lse, seed, offset,
+                                                              no_bias, cu, cu, ctx.max_seqlen, ctx.max_seqlen, 0.0,
+                                                              True)
         return dq, dk, dv, None, None
 
 
