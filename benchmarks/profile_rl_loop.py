@@ -28,7 +28,7 @@ from rl_shapes import DEVICE, rl_models, short_case
 
 from oreal_fast.config import TrainConfig
 from oreal_fast.kernels.trunk_train import TRAIN_OPS
-from oreal_fast.model.attention import make_backend
+from oreal_fast.model.attention import make_backend, sdpa_attention
 from oreal_fast.model.decoder import EAGER_OPS, TrunkOps
 from oreal_fast.optimizers import clip_gradients
 from oreal_fast.rl_step import RLSettings, rl_phase
@@ -40,8 +40,14 @@ VARIANTS = {"oreal_fast": (32768, "varlen", TRAIN_OPS), "trunk_eager": (32768, "
             "official_split": (0, "varlen", TRAIN_OPS), "before": (0, "sdpa", TRAIN_OPS)}
 
 
+def _sdpa_reading_cu_seqlens(q, k, v, cu_seqlens, max_seqlen, cu_seqlens_host=None):
+    """The "sdpa" backend as it ran before micro-batches carried host bounds: the bounds read back
+    from cu_seqlens, one host sync per layer."""
+    return sdpa_attention(q, k, v, cu_seqlens, max_seqlen)
+
+
 def _use_backend(models, name: str) -> None:
-    backend = make_backend(name)
+    backend = _sdpa_reading_cu_seqlens if name == "sdpa" else make_backend(name)
     for model in (models.actor, models.token_rm.backbone):
         for block in model.blocks:
             inner = getattr(block, "_checkpoint_wrapped_module", block)

@@ -47,9 +47,9 @@ MICRO_CFG = TrainConfig(actor="random", datasets="none", threshold_rescale=True,
 
 
 def decoder(dtype: torch.dtype, *, with_lm_head: bool = True, compute_dtype: torch.dtype = torch.bfloat16,
-            ops: TrunkOps = TRAIN_OPS) -> Decoder:
-    model = Decoder(QWEN25_05B, with_lm_head=with_lm_head, device=DEVICE, dtype=dtype, compute_dtype=compute_dtype,
-                    trunk_ops=ops)
+            ops: TrunkOps = TRAIN_OPS, attn_backend: str = "auto") -> Decoder:
+    model = Decoder(QWEN25_05B, attn_backend=attn_backend, with_lm_head=with_lm_head, device=DEVICE, dtype=dtype,
+                    compute_dtype=compute_dtype, trunk_ops=ops)
     model.init_weights()
     return model
 
@@ -69,19 +69,22 @@ def planned_blocks(trained: list[Decoder], tokens: int, cap_gib: float = CAP_GIB
 
 
 def rl_models(recompute: int | None = None, *, ops: TrunkOps = TRAIN_OPS, tokens: int = 32768,
-              loss_kernel: str = "linear_logprob", weights_cast_once: bool = False) -> tuple[RLModels, int]:
+              loss_kernel: str = "linear_logprob", weights_cast_once: bool = False,
+              attn_backend: str = "auto") -> tuple[RLModels, int]:
     """Actor and token RM as fp32 masters computing in bf16, the frozen reference in bf16 (as the trainer).
 
     Args:
         recompute: blocks recomputed in the actor and the RM; None = `planned_blocks` for `tokens`
             (with ``weights_cast_once``, the plan counts the weight copies).
         ops: the trunk ops of all three models.
+        attn_backend: the attention backend of all three models (the config's ``attention_backend``).
 
     Returns:
         (the models, the blocks recomputed in each trained model).
     """
-    actor, reference = decoder(torch.float32, ops=ops), decoder(torch.bfloat16, ops=ops).requires_grad_(False).eval()
-    token_rm = TokenRewardModel(decoder(torch.float32, with_lm_head=False, ops=ops))
+    actor = decoder(torch.float32, ops=ops, attn_backend=attn_backend)
+    reference = decoder(torch.bfloat16, ops=ops, attn_backend=attn_backend).requires_grad_(False).eval()
+    token_rm = TokenRewardModel(decoder(torch.float32, with_lm_head=False, ops=ops, attn_backend=attn_backend))
     if recompute is None:
         recompute = planned_blocks([actor, token_rm.backbone], tokens, loss_kernel=loss_kernel,
                                    weights_cast_once=weights_cast_once)
@@ -148,12 +151,12 @@ def micro_batch_trajectories(length: int) -> list[Trajectory]:
 
 def micro_batch_step(length: int, *, impl: str = "triton", loss_kernel: str = "linear_logprob",
                      ops: TrunkOps = TRAIN_OPS, recompute: int | None = None, weights_cast_once: bool = True,
-                     merged_projections: bool = True) -> tuple[Callable[[], None], int]:
+                     merged_projections: bool = True, attn_backend: str = "auto") -> tuple[Callable[[], None], int]:
     """(step, blocks recomputed): step runs the whole RL phase of `micro_batch_trajectories(length)`
     (reference forward, token-RM and actor forward + backward) as rl_phase runs a micro-batch,
     gradients dropped after it; the defaults are the trainer's."""
     models, recomputed = rl_models(recompute, ops=ops, tokens=2 * length, loss_kernel=loss_kernel,
-                                   weights_cast_once=weights_cast_once)
+                                   weights_cast_once=weights_cast_once, attn_backend=attn_backend)
     batch = make_micro_batch(micro_batch_trajectories(length)).to(torch.device(DEVICE))
     norm = global_normalisers(batch.action_cu_seqlens.diff(), batch.rewards)
     cfg = dataclasses.replace(MICRO_CFG, loss_impl=impl, loss_kernel=loss_kernel,

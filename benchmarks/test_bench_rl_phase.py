@@ -18,6 +18,11 @@ Providers:
                     whole phase: the least a phase of several micro-batches amortises the cast over
   merged            cast_once with merged_projections: q/k/v and gate/up as one GEMM each (the same
                     copy bytes, so the same recompute plan): the trainer's defaults
+  cudnn             merged with attention_backend "cudnn": SDPA's cuDNN kernel per sequence instead of
+                    the flash varlen kernel, under the same recompute plan (made for varlen: the
+                    per-sequence outputs and their packed copy keep one more [T, Hq x D] tensor a
+                    layer, ~4 % of a block's activations). The warm-up call runs the same lengths, so
+                    cuDNN's graphs (one per sequence length) are built before the timed rounds
   hf_plain          transformers Qwen2ForCausalLM x 3 the plain way: full [B, L, V] logits,
                     gradient checkpointing, log_softmax + gather, the same OREAL math after that
 Cases: 2 sequences of L tokens (512 prompt + L - 512 response), L in {4096, 16384}; hf_plain runs
@@ -44,25 +49,27 @@ from oreal_fast.model.decoder import EAGER_OPS
 
 LENGTHS = {"L4096": 4096, "L16384": 16384}
 # provider -> (loss impl, loss kernel, trunk ops, blocks recomputed: None = the plan, weights_cast_once,
-#              merged_projections)
+#              merged_projections, attention backend)
 OURS = {
-    "oreal_fast": ("triton", "linear_logprob", TRAIN_OPS, None, False, False),
-    "oreal_fast_fused": ("triton", "fused_oreal_loss", TRAIN_OPS, None, False, False),
-    "trunk_eager": ("triton", "linear_logprob", EAGER_OPS, None, False, False),
-    "oreal_fast_eager": ("eager", "linear_logprob", EAGER_OPS, None, False, False),
-    "recompute_none": ("triton", "linear_logprob", TRAIN_OPS, 0, False, False),
-    "recompute_half": ("triton", "linear_logprob", TRAIN_OPS, QWEN25_05B.num_layers // 2, False, False),
-    "recompute_full": ("triton", "linear_logprob", TRAIN_OPS, QWEN25_05B.num_layers, False, False),
-    "cast_once": ("triton", "linear_logprob", TRAIN_OPS, None, True, False),
-    "merged": ("triton", "linear_logprob", TRAIN_OPS, None, True, True),
+    "oreal_fast": ("triton", "linear_logprob", TRAIN_OPS, None, False, False, "auto"),
+    "oreal_fast_fused": ("triton", "fused_oreal_loss", TRAIN_OPS, None, False, False, "auto"),
+    "trunk_eager": ("triton", "linear_logprob", EAGER_OPS, None, False, False, "auto"),
+    "oreal_fast_eager": ("eager", "linear_logprob", EAGER_OPS, None, False, False, "auto"),
+    "recompute_none": ("triton", "linear_logprob", TRAIN_OPS, 0, False, False, "auto"),
+    "recompute_half": ("triton", "linear_logprob", TRAIN_OPS, QWEN25_05B.num_layers // 2, False, False, "auto"),
+    "recompute_full": ("triton", "linear_logprob", TRAIN_OPS, QWEN25_05B.num_layers, False, False, "auto"),
+    "cast_once": ("triton", "linear_logprob", TRAIN_OPS, None, True, False, "auto"),
+    "merged": ("triton", "linear_logprob", TRAIN_OPS, None, True, True, "auto"),
+    "cudnn": ("triton", "linear_logprob", TRAIN_OPS, None, True, True, "cudnn"),
 }
 PROVIDERS = (*OURS, "hf_plain")
 
 
 def _ours(length: int, provider: str):
-    impl, loss_kernel, ops, recompute, cast_once, merged = OURS[provider]
+    impl, loss_kernel, ops, recompute, cast_once, merged, attn_backend = OURS[provider]
     step, recomputed = micro_batch_step(length, impl=impl, loss_kernel=loss_kernel, ops=ops, recompute=recompute,
-                                        weights_cast_once=cast_once, merged_projections=merged)
+                                        weights_cast_once=cast_once, merged_projections=merged,
+                                        attn_backend=attn_backend)
     return step, recomputed, loss_kernel == "linear_logprob"
 
 

@@ -125,7 +125,7 @@ def _block(provider: str):
 
     def fn():
         with torch.autocast(DEVICE, dtype=torch.bfloat16):
-            return f(x, cos_sin[:, :1], cos_sin[:, 1:], cu, T // 2, None)
+            return f(x, cos_sin[:, :1], cos_sin[:, 1:], cu, T // 2, (0, T // 2, T), None)
     return fn, [x, *block.parameters()]
 
 

@@ -174,6 +174,14 @@ def rollout_logprob_check(logprobs: torch.Tensor, rollout_logprobs: torch.Tensor
     return diff.sum(), diff.max(), torch.full((), float(diff.numel()), device=lp.device)
 
 
+def _forward(model: Decoder | TokenRewardModel, batch: RLMicroBatch, **kwargs):
+    """``model``'s forward over the micro-batch's packed row, with the row's host bounds: the attention
+    backends that split the row per sequence read those, not ``cu_seqlens`` (a sync in every layer)."""
+    row = batch.row
+    return model(row.input_ids, row.positions, row.cu_seqlens, row.max_seqlen, cu_seqlens_host=row.cu_seqlens_host,
+                 **kwargs)
+
+
 def _action_head(batch: RLMicroBatch, lm_head):
     """A ``Decoder.forward`` head: gathers the action rows and applies ``lm_head`` (an LM-head
     kernel, which casts to the autocast dtype itself)."""
@@ -186,10 +194,10 @@ def _action_head(batch: RLMicroBatch, lm_head):
 
 def action_logprobs(model: Decoder, batch: RLMicroBatch, settings: RLSettings) -> torch.Tensor:
     """log pi(a_t) of every action token of the micro-batch, packed: ``[A]`` fp32."""
-    row, labels = batch.row, batch.action_labels
+    labels = batch.action_labels
     head = _action_head(batch, lambda h, w: linear_logprob(h, w, labels, impl=settings.impl))
     with settings.precision.autocast():
-        return model(row.input_ids, row.positions, row.cu_seqlens, row.max_seqlen, head=head)
+        return _forward(model, batch, head=head)
 
 
 def token_rm_step(
@@ -201,9 +209,8 @@ def token_rm_step(
     Returns:
         (rm_loss 0-d detached, w_pos [A] fp32, w_neg [A] fp32).
     """
-    row = batch.row
     with settings.precision.autocast():
-        scores = token_rm(row.input_ids, row.positions, row.cu_seqlens, row.max_seqlen)  # (T,)
+        scores = _forward(token_rm, batch)  # (T,)
     scores = at_least_fp32(scores).index_select(0, batch.action_index)  # (A,)
     rm_loss = scale * rm_bce_loss(sequence_means(scores, batch.action_cu_seqlens), batch.rewards, norm.num_seqs)
     rm_loss.backward()
@@ -220,11 +227,11 @@ def actor_loss(
     advantages = batch.advantages.index_select(0, batch.action_seq)  # (A,)
     is_positive = (batch.rewards > 0).index_select(0, batch.action_seq)  # (A,)
     inputs = ActorLossInputs(ref_lp, advantages, is_positive, w_pos, w_neg, norm)
-    row, labels, coefs = batch.row, batch.action_labels, settings.coefficients
+    labels, coefs = batch.action_labels, settings.coefficients
     if settings.loss_kernel == "fused_oreal_loss":
         head = _action_head(batch, lambda h, w: fused_oreal_loss(h, w, labels, inputs, coefs, impl=settings.impl))
         with settings.precision.autocast():
-            return actor(row.input_ids, row.positions, row.cu_seqlens, row.max_seqlen, head=head)
+            return _forward(actor, batch, head=head)
     lp = action_logprobs(actor, batch, settings)
     return oreal_actor_loss(lp, inputs, coefs), lp
 

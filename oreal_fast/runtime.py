@@ -9,11 +9,11 @@ turns ``loss_impl`` into the LM-head kernels' ``impl`` for the device.
 
 `load_rl_models` loads the three models of the RL phase as the runtime says (the trained actor and
 token RM as fp32 masters, the frozen reference in the compute dtype, their trunks' elementwise ops
-as ``trunk_kernels`` picks them) and prepares them in torchtitan's order: activation recompute of
-the trained trunks (``recompute.apply_recompute_plan``, planned once every model is loaded), then
-compile (nothing here is compiled: the trunk runs eager or through its own kernels), then
-``fully_shard`` per block and the root (`prepare_model`). `load_frozen` and `load_chat_tokenizer`
-serve evaluation the same way.
+as ``trunk_kernels`` picks them, their attention backend as ``attention_backend`` names it) and
+prepares them in torchtitan's order: activation recompute of the trained trunks
+(``recompute.apply_recompute_plan``, planned once every model is loaded), then compile (nothing here
+is compiled: the trunk runs eager or through its own kernels), then ``fully_shard`` per block and the
+root (`prepare_model`). `load_frozen` and `load_chat_tokenizer` serve evaluation the same way.
 
 Not here: the LM-head kernels' casts (each kernel casts its inputs to the autocast dtype itself),
 the rollout engines' precision (``rollout.build_rollout`` hands them the compute dtype), the
@@ -175,7 +175,7 @@ def load_frozen(cfg: TrainConfig, key: str, runtime: Runtime, trunk_ops: TrunkOp
     log.info(f"loading {key} {getattr(cfg, key)} (frozen, {runtime.compute_dtype}, {runtime.device})")
     with model_ref_errors(cfg, key):
         model = load_decoder(getattr(cfg, key), dtype=runtime.compute_dtype, device=runtime.device,
-                             trunk_ops=trunk_ops)
+                             attn_backend=cfg.attention_backend, trunk_ops=trunk_ops)
     _check_rope(cfg, key, model)
     return model.requires_grad_(False).eval()
 
@@ -193,7 +193,8 @@ def load_rl_models(cfg: TrainConfig, runtime: Runtime) -> tuple[RLModels, str]:
     ops = trunk_ops_for(cfg.trunk_kernels, device)
     log.info(f"loading actor {cfg.actor} (trained: {MASTER_DTYPE} masters, {device})")
     with model_ref_errors(cfg, "actor"):
-        actor = load_decoder(cfg.actor, dtype=MASTER_DTYPE, device=device, compute_dtype=compute, trunk_ops=ops)
+        actor = load_decoder(cfg.actor, dtype=MASTER_DTYPE, device=device, compute_dtype=compute,
+                             attn_backend=cfg.attention_backend, trunk_ops=ops)
     _check_rope(cfg, "actor", actor)
     reference = load_frozen(cfg, "reference", runtime, trunk_ops=ops)
     token_rm = None
@@ -201,7 +202,7 @@ def load_rl_models(cfg: TrainConfig, runtime: Runtime) -> tuple[RLModels, str]:
         log.info(f"loading token_level_rm {cfg.token_level_rm} (trained: {MASTER_DTYPE} masters, {device})")
         with model_ref_errors(cfg, "token_level_rm"):
             token_rm = load_token_rm(cfg.token_level_rm, dtype=MASTER_DTYPE, device=device, compute_dtype=compute,
-                                     trunk_ops=ops)
+                                     attn_backend=cfg.attention_backend, trunk_ops=ops)
     note = apply_recompute_plan(cfg, [actor] + ([token_rm.backbone] if token_rm is not None else []), compute)
     prepare_model(actor, actor, runtime)
     prepare_model(reference, reference, runtime)

@@ -326,6 +326,7 @@ class Trainer:
                   else str(self.device))
         self.metrics.log_text(f"run {self.run_dir}: config {self.cfg.config_path}, {self.total_steps} steps, "
                               f"device {device}, compute {self.runtime.compute_dtype}, "
+                              f"attention {self.models.actor.attn_backend}, "
                               f"LM-head kernels {settings.loss_kernel} ({settings.impl})"
                               + (", weights cast once per RL phase" if settings.weights_cast_once else "")
                               + (" (q/k/v and gate/up merged)" if settings.merged_projections else ""))

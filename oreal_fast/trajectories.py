@@ -64,7 +64,8 @@ class RLMicroBatch:
     """Packed trajectories and the per-sequence / per-action-token tensors the losses need.
 
     Attributes:
-        row: the packed ``input_ids``, ``positions``, ``cu_seqlens``, ``max_seqlen``.
+        row: the packed ``input_ids``, ``positions``, ``cu_seqlens``, ``max_seqlen`` and the host
+            bounds ``cu_seqlens_host`` (kept on the host when the row moves to a device).
         action_labels: [A] int64, the sampled token of every action position, in packed order.
         rewards: [n] fp32, the judger's +1 / -1 (a reward_fn's own rewards if set; correct = > 0).
         advantages: [n] fp32.
@@ -176,7 +177,7 @@ def _move_all(batches: list[RLMicroBatch], device: torch.device) -> list[RLMicro
     moved = []
     for b in batches:
         ids, positions, cu, *rest = (next(int_parts) for _ in range(3 + len(_INT_FIELDS)))
-        row = PackedRow(ids, positions, cu.to(torch.int32), b.row.max_seqlen)
+        row = PackedRow(ids, positions, cu.to(torch.int32), b.row.max_seqlen, b.row.cu_seqlens_host)
         rewards, advantages = next(float_parts), next(float_parts)
         rollout = None if b.rollout_logprobs is None else next(float_parts)
         moved.append(RLMicroBatch(row, rest[0], rewards, advantages, *rest[1:], rollout_logprobs=rollout))

@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 
-from oreal_fast.config import ConfigError, TrainConfig, load_config, validate_stop_word
+from oreal_fast.config import CHOICES, ConfigError, TrainConfig, load_config, validate_stop_word
 from oreal_fast.rl_step import RLSettings
 from oreal_fast.runtime import Precision
 from oreal_fast.train import main
@@ -134,6 +134,7 @@ BAD = [
     ("trunk_kernels = 'liger'", "trunk_kernels", "auto, triton, eager"),
     ("selective_recompute = 1.5", "selective_recompute", "None or [0, 1]"),
     ("loss_kernel = 'cce'", "loss_kernel", "linear_logprob, fused_oreal_loss"),
+    ("attention_backend = 'flash'", "attention_backend", "auto, varlen, sdpa, cudnn"),
     ("rl_micro_batch_tokens = -1", "rl_micro_batch_tokens", ">= 0"),
     ("weights_cast_once = False\nmerged_projections = True", "merged_projections", "True needs weights_cast_once = True"),
     ("device = 'tpu'", "device", "auto, cpu, cuda"),
@@ -172,6 +173,9 @@ def test_bad_config_names_key_file_and_range(tmp_path, line, key, why):
     ("device = 'cpu'\nloss_impl = 'triton'", "loss_impl", "TRITON_INTERPRET=1"),
     ("device = 'cpu'\ntrunk_kernels = 'triton'", "trunk_kernels", "TRITON_INTERPRET=1"),
     ("device = 'cpu'\ngpu_memory_limit_gib = 40", "gpu_memory_limit_gib", "on CPU"),
+    ("device = 'cpu'\nattention_backend = 'cudnn'", "attention_backend", "needs a GPU and bf16/fp16 compute, but the "
+                                                                        "run is on CPU (use 'auto' or 'sdpa')"),
+    ("device = 'cpu'\nattention_backend = 'varlen'", "attention_backend", "the run is on CPU"),
 ])
 def test_cpu_only_settings_are_refused_before_anything_loads(tmp_path, monkeypatch, line, key, why):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
@@ -179,6 +183,23 @@ def test_cpu_only_settings_are_refused_before_anything_loads(tmp_path, monkeypat
     with pytest.raises(ConfigError) as e:
         load_config(path)
     assert key in str(e.value) and path in str(e.value) and why in str(e.value)
+
+
+@pytest.mark.parametrize("backend", ["varlen", "cudnn"])
+def test_gpu_attention_backends_are_refused_for_fp32_compute(tmp_path, monkeypatch, backend):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the config's view of a GPU machine
+    path = _write(tmp_path, f"device = 'auto'\ndtype = 'fp32'\nattention_backend = {backend!r}\n")
+    with pytest.raises(ConfigError, match=f"attention_backend in .*: {backend!r} needs a GPU and bf16/fp16 compute, "
+                                          f"but dtype is 'fp32'"):
+        load_config(path)
+
+
+def test_attention_backend_defaults_to_auto_and_sdpa_loads_on_cpu(tmp_path):
+    from oreal_fast.model.attention import BACKEND_NAMES
+
+    assert load_config(_write(tmp_path)).attention_backend == "auto"
+    assert load_config(_write(tmp_path, "attention_backend = 'sdpa'\n")).attention_backend == "sdpa"
+    assert set(CHOICES["attention_backend"]) == set(BACKEND_NAMES)  # the config offers every backend there is
 
 
 def test_official_keys_that_act_nowhere_here_are_named_at_start(tmp_path):

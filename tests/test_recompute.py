@@ -68,8 +68,8 @@ class _FlashLikeAttention(torch.autograd.Function):
     logsumexp [heads, T] (the memory the plan counts; the math is the SDPA backend's)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens, max_seqlen):
-        out = sdpa_attention(q, k, v, cu_seqlens, max_seqlen)
+    def forward(ctx, q, k, v, cu_seqlens, max_seqlen, cu_seqlens_host):
+        out = sdpa_attention(q, k, v, cu_seqlens, max_seqlen, cu_seqlens_host)
         ctx.save_for_backward(q, k, v, out, torch.zeros(q.shape[1], q.shape[0]))
         return out
 
@@ -88,7 +88,8 @@ def _saved_bytes(model: Decoder, num_tokens: int) -> int:
 
     device = model.embed.weight.device
     row = pack_sequences([list(range(1, num_tokens // 2 + 1)), list(range(3, num_tokens - num_tokens // 2 + 3))])
-    row = type(row)(row.input_ids.to(device), row.positions.to(device), row.cu_seqlens.to(device), row.max_seqlen)
+    row = type(row)(row.input_ids.to(device), row.positions.to(device), row.cu_seqlens.to(device), row.max_seqlen,
+                    row.cu_seqlens_host)
     with torch.autocast(device.type, dtype=torch.bfloat16), \
             torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(row.input_ids, row.positions, row.cu_seqlens, row.max_seqlen)

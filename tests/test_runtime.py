@@ -17,12 +17,13 @@ import torch
 import torch.multiprocessing as mp
 
 from oreal_fast.config import TrainConfig
-from oreal_fast.model.decoder import Decoder, DecoderConfig
+from oreal_fast.model.decoder import Decoder, DecoderConfig, TokenRewardModel
 from oreal_fast.parallel import close_data_parallel, init_data_parallel
 from oreal_fast.runtime import (
     Precision,
     Runtime,
     build_runtime,
+    load_rl_models,
     prepare_model,
     resolve_compute_dtype,
     resolve_device,
@@ -68,13 +69,34 @@ def test_auto_dtype_and_impl_on_cpu():
     assert resolve_kernel_impl("triton", cpu) == "triton"
 
 
+TINY = DecoderConfig(family="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
+                     num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=True, tie_embeddings=True)
+
+
 def _tiny_decoder() -> Decoder:
-    config = DecoderConfig(family="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
-                           num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=True, tie_embeddings=True)
     torch.manual_seed(0)
-    model = Decoder(config, device="cpu", dtype=torch.float32)
+    model = Decoder(TINY, device="cpu", dtype=torch.float32)
     model.init_weights()
     return model
+
+
+def test_the_configs_attention_backend_reaches_the_actor_reference_and_token_rm(monkeypatch):
+    """load_rl_models hands ``attention_backend`` to the loader of each of the three models (tiny
+    random models stand in for the checkpoints)."""
+    asked = {}
+
+    def load_decoder(ref, *, attn_backend, with_lm_head=True, **kwargs):
+        asked[ref] = attn_backend
+        return Decoder(TINY, attn_backend=attn_backend, with_lm_head=with_lm_head)
+
+    monkeypatch.setattr("oreal_fast.runtime.load_decoder", load_decoder)
+    monkeypatch.setattr("oreal_fast.runtime.load_token_rm",
+                        lambda ref, **kwargs: TokenRewardModel(load_decoder(ref, with_lm_head=False, **kwargs)))
+    cfg = TrainConfig(actor="actor/x", reference="reference/x", token_level_rm="rm/x", datasets="none",
+                      device="cpu", attention_backend="sdpa")
+    models, _ = load_rl_models(cfg, build_runtime(cfg))
+    assert asked == {"actor/x": "sdpa", "reference/x": "sdpa", "rm/x": "sdpa"}
+    assert [m.attn_backend for m in (models.actor, models.reference, models.token_rm.backbone)] == ["sdpa"] * 3
 
 
 def _row() -> tuple[torch.Tensor, ...]:

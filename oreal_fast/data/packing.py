@@ -9,6 +9,7 @@ Invariant: ``cu_seqlens[0] == 0``, ``cu_seqlens[-1] == len(input_ids)``, every s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -22,22 +23,27 @@ class PackedRow:
         positions: [T] int64, 0..len_i-1 within each sequence.
         cu_seqlens: [N+1] int32, start offsets plus the total length.
         max_seqlen: the longest sequence's length.
+        cu_seqlens_host: ``cu_seqlens`` as host ints, for the attention backends that split the row
+            per sequence (``Decoder.forward``'s ``cu_seqlens_host``): known when the row is packed, so
+            they need not be read back from the device.
     """
 
     input_ids: torch.Tensor
     positions: torch.Tensor
     cu_seqlens: torch.Tensor
     max_seqlen: int
+    cu_seqlens_host: tuple[int, ...]
 
 
 def pack_sequences(seqs: list[list[int]]) -> PackedRow:
     """Concatenates ``seqs`` into a :class:`PackedRow`; raises ValueError on an empty input."""
     if not seqs or any(len(s) == 0 for s in seqs):
         raise ValueError("pack_sequences needs at least one sequence and no empty sequence")
-    lengths = torch.tensor([len(s) for s in seqs], dtype=torch.int64)
+    lens = [len(s) for s in seqs]
+    cu_seqlens_host = tuple(accumulate(lens, initial=0))
+    lengths = torch.tensor(lens, dtype=torch.int64)
     input_ids = torch.tensor([t for s in seqs for t in s], dtype=torch.int64)
     starts = torch.cumsum(lengths, 0) - lengths  # (N,) offset of each sequence
     positions = torch.arange(len(input_ids)) - torch.repeat_interleave(starts, lengths)
-    cu_seqlens = torch.zeros(len(seqs) + 1, dtype=torch.int32)
-    cu_seqlens[1:] = torch.cumsum(lengths, 0)
-    return PackedRow(input_ids, positions, cu_seqlens, int(lengths.max()))
+    cu_seqlens = torch.tensor(cu_seqlens_host, dtype=torch.int32)
+    return PackedRow(input_ids, positions, cu_seqlens, int(lengths.max()), cu_seqlens_host)

@@ -1,36 +1,78 @@
 """Causal attention over packed varlen rows.
 
 A backend is a function `(q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D], cu_seqlens [N+1] int32,
-max_seqlen) -> out [T, Hq, D]` computing causal softmax attention inside each packed sequence.
+max_seqlen, cu_seqlens_host=None) -> out [T, Hq, D]` computing causal softmax attention inside each
+packed sequence. `cu_seqlens_host` is `cu_seqlens` as host ints, passed by a caller that has them (a
+`PackedRow` carries them from packing): a backend that splits the row per sequence reads them instead
+of copying `cu_seqlens` to the host, which would wait for the GPU in every layer.
 The decoder picks one backend at construction (`resolve_backend_name`, `make_backend`); every backend gives the same
 result up to rounding, which the tests check against each other.
 
 - "sdpa": `scaled_dot_product_attention` once per sequence. Correct on every device and dtype;
-  it reads `cu_seqlens` on the host, so it syncs once per layer (fine for CPU and tests).
+  without `cu_seqlens_host` it reads `cu_seqlens` on the host, a sync per layer (fine for CPU and tests).
 - "varlen": torch's flash varlen kernel (`torch.nn.attention.varlen.varlen_attn`), CUDA with
   bf16/fp16 only. Its keyword set moved between torch releases (`is_causal` vs `window_size`,
-  `enable_gqa`), so the call is adapted once from its signature.
+  `enable_gqa`), so the call is adapted once from its signature. Ignores `cu_seqlens_host`.
+- "cudnn": `scaled_dot_product_attention` once per sequence with the cuDNN backend forced, CUDA with
+  bf16/fp16 only. It needs `cu_seqlens_host` and refuses a call without it, so it never syncs.
+  Grouped heads: cuDNN's own (`enable_gqa=True`) where it takes them, else K and V expanded to the
+  query heads (`repeat_interleave`, whose backward sums each group's gradients), decided by the first
+  grouped call (the native call raising means expand) and kept for the backend's life.
+  On an H100 (torch 2.11, one layer's forward + backward over 2 sequences) it took 8.3 ms to varlen's
+  12.5 ms at 2 x 16384 and about the same at 2 x 4096 (benchmarks/test_bench_attention.py). It costs
+  one SDPA call per sequence and layer, and torch caches one cuDNN graph per sequence length (built
+  on the host at a length's first call), so rows of many short or ever-new lengths favour "varlen".
+  For the backward it keeps, as "sdpa" does, one [T, Hq, D] tensor a layer more than "varlen" (the
+  per-sequence outputs and their packed copy), and K and V at the query heads where it expands them.
 
 This module does not do KV caches: generation passes its own cache object to `Decoder.forward`
 (`oreal_fast.rollout`).
-Invariant: attention never crosses a `cu_seqlens` boundary.
+Invariant: attention never crosses a `cu_seqlens` boundary; `cu_seqlens_host`, when given, equals
+`cu_seqlens.tolist()` (nothing checks it: checking would be the sync it avoids).
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
-AttentionBackend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
-BACKEND_NAMES = ("auto", "sdpa", "varlen")
+class AttentionBackend(Protocol):
+    """What `make_backend` returns (the module docstring)."""
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+                 cu_seqlens_host: tuple[int, ...] | None = None) -> torch.Tensor: ...
+
+
+BACKEND_NAMES = ("auto", "sdpa", "varlen", "cudnn")
+# the compute dtypes the CUDA kernels ("varlen", "cudnn") take
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _per_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: tuple[int, ...] | list[int],
+                  attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """`attend` on each sequence [start, end) of the host `bounds`, as (1, heads, n, D) views; the
+    outputs packed again: [T, Hq, D]."""
+    outs = []
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        qi, ki, vi = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+        outs.append(attend(qi, ki, vi).squeeze(0).transpose(0, 1))
+    return torch.cat(outs, dim=0)
+
+
+def _expand_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V [T, Hkv, D] repeated to the query heads: [T, Hq, D] each (query head h reads KV head h // group)."""
+    group = q.shape[1] // k.shape[1]
+    return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
 
 
 def sdpa_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+    cu_seqlens_host: tuple[int, ...] | None = None,
 ) -> torch.Tensor:
     """Causal attention per packed sequence with SDPA (any device, any dtype).
 
@@ -38,18 +80,48 @@ def sdpa_attention(
         q: [T, Hq, D]; k, v: [T, Hkv, D] with Hq a multiple of Hkv.
         cu_seqlens: [N+1] int32, cumulative sequence starts (0 first, T last).
         max_seqlen: unused here; part of the backend signature.
+        cu_seqlens_host: `cu_seqlens` as host ints, or None to read them from `cu_seqlens` (a sync).
 
     Returns:
         out: [T, Hq, D], same dtype as q.
     """
-    bounds = cu_seqlens.tolist()
-    outs = []
-    for start, end in zip(bounds[:-1], bounds[1:]):
-        # (1, heads, n, D) per sequence
-        qi, ki, vi = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
-        oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, enable_gqa=True)
-        outs.append(oi.squeeze(0).transpose(0, 1))
-    return torch.cat(outs, dim=0)
+    bounds = cu_seqlens.tolist() if cu_seqlens_host is None else cu_seqlens_host
+    return _per_sequence(q, k, v, bounds, lambda qi, ki, vi: F.scaled_dot_product_attention(
+        qi, ki, vi, is_causal=True, enable_gqa=True))
+
+
+def _make_cudnn_backend() -> AttentionBackend:
+    native_gqa: bool | None = None  # None until the first call with grouped heads tries cuDNN's own
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: tuple[int, ...],
+               enable_gqa: bool) -> torch.Tensor:
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return _per_sequence(q, k, v, bounds, lambda qi, ki, vi: F.scaled_dot_product_attention(
+                qi, ki, vi, is_causal=True, enable_gqa=enable_gqa))
+
+    def cudnn_attention(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+        cu_seqlens_host: tuple[int, ...] | None = None,
+    ) -> torch.Tensor:
+        nonlocal native_gqa
+        if cu_seqlens_host is None:
+            raise ValueError("attention backend 'cudnn' needs cu_seqlens_host (the host bounds a PackedRow "
+                             "carries, passed to Decoder.forward): reading cu_seqlens would sync in every layer")
+        if k.shape[1] == q.shape[1]:
+            return attend(q, k, v, cu_seqlens_host, enable_gqa=False)
+        if native_gqa is None:
+            try:
+                out = attend(q, k, v, cu_seqlens_host, enable_gqa=True)
+            except RuntimeError:  # this torch's cuDNN path refuses grouped heads: expand them from now on
+                native_gqa = False
+            else:
+                native_gqa = True
+                return out
+        if native_gqa:
+            return attend(q, k, v, cu_seqlens_host, enable_gqa=True)
+        return attend(q, *_expand_kv(q, k, v), cu_seqlens_host, enable_gqa=False)
+
+    return cudnn_attention
 
 
 def _varlen_fn():
@@ -70,11 +142,11 @@ def _make_varlen_backend() -> AttentionBackend:
         causal["enable_gqa"] = True
 
     def varlen_attention(
-        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+        cu_seqlens_host: tuple[int, ...] | None = None,
     ) -> torch.Tensor:
         if not native_gqa and k.shape[1] != q.shape[1]:
-            group = q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (T, Hq, D)
+            k, v = _expand_kv(q, k, v)  # (T, Hq, D)
         return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, **causal)
 
     return varlen_attention
@@ -83,11 +155,12 @@ def _make_varlen_backend() -> AttentionBackend:
 def varlen_available(device: torch.device | str | None, dtype: torch.dtype | None) -> bool:
     """True when the flash varlen kernel can run for this device and dtype."""
     device = torch.device(device if device is not None else "cpu")
-    return device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and _varlen_fn() is not None
+    return device.type == "cuda" and dtype in HALF_DTYPES and _varlen_fn() is not None
 
 
 def resolve_backend_name(name: str, device: torch.device | str | None, dtype: torch.dtype | None) -> str:
-    """Turn "auto" into "varlen" (CUDA, bf16/fp16, kernel present) or "sdpa"; check the name."""
+    """Turn "auto" into "varlen" (CUDA, bf16/fp16, kernel present) or "sdpa"; check the name and
+    what the named backend needs."""
     if name not in BACKEND_NAMES:
         raise ValueError(f"attention backend {name!r}: expected one of {BACKEND_NAMES}")
     if name == "auto":
@@ -96,9 +169,19 @@ def resolve_backend_name(name: str, device: torch.device | str | None, dtype: to
         raise ValueError(
             f"attention backend 'varlen' needs torch.nn.attention.varlen (torch {torch.__version__} lacks it)"
         )
+    device_type = torch.device(device if device is not None else "cpu").type
+    # a model built on meta is filled later: its loader (`hf_io.decoder_from_hf`) resolved the name for
+    # the real device first
+    if name == "cudnn" and (device_type not in ("cuda", "meta") or dtype not in HALF_DTYPES):
+        raise ValueError(f"attention backend 'cudnn' needs a CUDA device and bf16/fp16 compute, got device "
+                         f"{device_type} and compute dtype {dtype} (use 'auto' or 'sdpa' there)")
     return name
 
 
 def make_backend(name: str) -> AttentionBackend:
-    """The backend function for a resolved name ("sdpa" or "varlen")."""
-    return _make_varlen_backend() if name == "varlen" else sdpa_attention
+    """The backend function for a resolved name ("sdpa", "varlen" or "cudnn")."""
+    if name == "varlen":
+        return _make_varlen_backend()
+    if name == "cudnn":
+        return _make_cudnn_backend()
+    return sdpa_attention

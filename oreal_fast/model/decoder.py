@@ -3,10 +3,13 @@
 One implementation covers both families; the differences (q/k/v bias, tied embeddings, rope
 theta and scaling, GQA, RMSNorm eps) are config fields. Activations are `[T, H]` for a packed row
 of N sequences (`cu_seqlens` [N+1], `positions` restarting at 0 per sequence): no batch dim, no
-padding. `Decoder.forward` returns the final-norm hidden states, or, given a `head`, whatever that
-function makes of the hidden states and the LM-head matrix (the fused loss kernels, the sampler's
-logits): the head runs inside `forward`, so wrappers that gather parameters around a module's
-forward (FSDP2) see it, and no `[T, V]` tensor is made here unless the head makes one.
+padding. A caller that packed the row on the host passes its bounds as host ints too
+(`cu_seqlens_host`): attention backends that split the row per sequence read those, and no layer
+copies `cu_seqlens` back to the host. `Decoder.forward` returns the final-norm hidden states, or,
+given a `head`, whatever that function makes of the hidden states and the LM-head matrix (the fused
+loss kernels, the sampler's logits): the head runs inside `forward`, so wrappers that gather
+parameters around a module's forward (FSDP2) see it, and no `[T, V]` tensor is made here unless the
+head makes one.
 
 Generation passes a `cache` (any object with `attend(layer, q, k, v) -> out`, built by the rollout
 engine or the reference sampler for this forward): every attention layer then hands its new q, k, v
@@ -225,7 +228,7 @@ class Attention(nn.Module):
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor,
-        max_seqlen: int, cache: AttentionCache | None,
+        max_seqlen: int, cu_seqlens_host: tuple[int, ...] | None, cache: AttentionCache | None,
     ) -> torch.Tensor:
         T = x.shape[0]
         if self.merged_weight is None:
@@ -242,7 +245,7 @@ class Attention(nn.Module):
         v = v.view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
         q, k = self.ops.apply_rope(q, cos, sin), self.ops.apply_rope(k, cos, sin)
         if cache is None:
-            out = self.backend(q, k, v, cu_seqlens, max_seqlen)
+            out = self.backend(q, k, v, cu_seqlens, max_seqlen, cu_seqlens_host)
         else:
             out = cache.attend(self.layer_idx, q, k, v)
         return self.wo(out.reshape(T, self.num_heads * self.head_dim))
@@ -278,9 +281,10 @@ class Block(nn.Module):
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor,
-        max_seqlen: int, cache: AttentionCache | None,
+        max_seqlen: int, cu_seqlens_host: tuple[int, ...] | None, cache: AttentionCache | None,
     ) -> torch.Tensor:
-        h = self.attn(self.ops.rms_norm(x, self.attn_norm, self.eps), cos, sin, cu_seqlens, max_seqlen, cache)
+        h = self.attn(self.ops.rms_norm(x, self.attn_norm, self.eps), cos, sin, cu_seqlens, max_seqlen,
+                      cu_seqlens_host, cache)
         normed, x = self.ops.add_norm(x, h, self.mlp_norm, self.eps)  # the residual add and the MLP's norm
         return x + self.mlp(normed)
 
@@ -351,6 +355,7 @@ class Decoder(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
         cache: AttentionCache | None = None, head: Head | None = None,
+        cu_seqlens_host: tuple[int, ...] | None = None,
     ) -> Any:
         """Final-norm hidden states of a packed row, or `head(hidden, lm_head_weight)`.
 
@@ -363,6 +368,8 @@ class Decoder(nn.Module):
             max_seqlen: longest sequence length in the row (host int).
             cache: the generation cache of this forward, or None for plain causal attention.
             head: applied to (hidden [T, H], lm_head_weight [V, H]) inside this forward.
+            cu_seqlens_host: `cu_seqlens` as host ints (a `PackedRow`'s), or None: the "sdpa"
+                backend then reads `cu_seqlens` on the host (a sync per layer) and "cudnn" refuses.
 
         Returns:
             hidden: [T, H] in the parameter dtype (fp32 masters under autocast stay fp32; ops
@@ -372,7 +379,7 @@ class Decoder(nn.Module):
         cos_sin = self.rope_table()[positions]  # (T, 2, D) fp32
         cos, sin = cos_sin[:, :1], cos_sin[:, 1:]  # (T, 1, D) each
         for block in self.blocks:
-            x = block(x, cos, sin, cu_seqlens, max_seqlen, cache)
+            x = block(x, cos, sin, cu_seqlens, max_seqlen, cu_seqlens_host, cache)
         hidden = self.ops.rms_norm(x, self.norm, self.config.rms_norm_eps)
         return hidden if head is None else head(hidden, self.lm_head_weight)
 
@@ -414,10 +421,12 @@ class TokenRewardModel(nn.Module):
         self.score_head.weight.zero_()
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int
+        self, input_ids: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+        cu_seqlens_host: tuple[int, ...] | None = None,
     ) -> torch.Tensor:
-        """One score per token: scores [T] in the parameter dtype (one H-wide dot per token)."""
-        hidden = self.backbone(input_ids, positions, cu_seqlens, max_seqlen)
+        """One score per token: scores [T] in the parameter dtype (one H-wide dot per token); the
+        arguments are `Decoder.forward`'s."""
+        hidden = self.backbone(input_ids, positions, cu_seqlens, max_seqlen, cu_seqlens_host=cu_seqlens_host)
         return self.score_head(hidden).squeeze(-1)
 
 

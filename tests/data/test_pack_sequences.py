@@ -14,6 +14,7 @@ def test_packed_row_positions_restart_and_cu_seqlens_are_int32():
     assert row.positions.dtype == torch.int64
     assert row.cu_seqlens.tolist() == [0, 3, 4, 6]
     assert row.cu_seqlens.dtype == torch.int32
+    assert row.cu_seqlens_host == (0, 3, 4, 6)  # the same bounds as host ints, for the attention backends
     assert row.max_seqlen == 3
 
 

@@ -1,14 +1,20 @@
-"""Token-budget micro-batches: the plan covers the kept list in order within the budget, and the
-RL phase gives the official split's losses and gradients (fp64, CPU) whatever the split."""
+"""Token-budget micro-batches: the plan covers the kept list in order within the budget, the
+RL phase gives the official split's losses and gradients (fp64, CPU) whatever the split, and its
+attention reads each micro-batch's sequence bounds from the host copy packed with it."""
 
 from __future__ import annotations
+
+from itertools import accumulate
 
 import pytest
 import torch
 
-from oreal_fast.config import load_config
+from oreal_fast.algo import global_normalisers
+from oreal_fast.config import TrainConfig, load_config
+from oreal_fast.model.attention import sdpa_attention
+from oreal_fast.model.decoder import Decoder, DecoderConfig, TokenRewardModel
 from oreal_fast.model.hf_io import load_decoder, load_token_rm
-from oreal_fast.rl_step import RLSettings, rl_phase
+from oreal_fast.rl_step import RLSettings, rl_micro_step, rl_phase
 from oreal_fast.runtime import Precision, RLModels
 from oreal_fast.trajectories import (Trajectory, iter_micro_batches, make_micro_batch, make_micro_batches,
                                      plan_micro_batches)
@@ -88,3 +94,53 @@ def test_token_budget_gives_the_official_split_gradient(tmp_path, tiny_model_dir
         assert packed[key] == pytest.approx(value, rel=1e-12, abs=1e-15), key
     for name, g in official_grads.items():
         assert (packed_grads[name] - g).abs().max() <= 1e-12 * max(1.0, g.abs().max()), name
+
+
+class _NoHostReads(torch.Tensor):
+    """A tensor whose values must not reach the host: on a GPU each of these reads is a sync."""
+
+    READS = {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.numpy, torch.Tensor.cpu, torch.Tensor.__int__,
+             torch.Tensor.__index__, torch.Tensor.__float__, torch.Tensor.__bool__}
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in cls.READS:
+            raise AssertionError(f"cu_seqlens read on the host ({func.__name__})")
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_attention_takes_the_micro_batch_bounds_from_the_host_not_from_cu_seqlens():
+    """rl_micro_step hands every attention call of the reference, token RM and actor the bounds
+    `make_micro_batch` packed (and `.to` kept on the host), so a backend that splits the row per
+    sequence ("sdpa", "cudnn") never reads cu_seqlens back; here any host read of cu_seqlens raises,
+    as a forward without the host bounds shows."""
+    config = DecoderConfig(family="qwen2", vocab_size=272, hidden_size=32, intermediate_size=48, num_layers=2,
+                           num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=True, tie_embeddings=True)
+    torch.manual_seed(0)
+    actor, reference, backbone = (Decoder(config, attn_backend="sdpa", with_lm_head=head)
+                                  for head in (True, True, False))
+    for model in (actor, reference, backbone):
+        model.init_weights()
+    models = RLModels(actor, reference.requires_grad_(False), TokenRewardModel(backbone))
+    seen = []
+
+    def recording_sdpa(q, k, v, cu_seqlens, max_seqlen, cu_seqlens_host=None):
+        seen.append(cu_seqlens_host)
+        return sdpa_attention(q, k, v, cu_seqlens, max_seqlen, cu_seqlens_host)
+
+    for model in (actor, reference, backbone):
+        for block in model.blocks:
+            block.attn.backend = recording_sdpa
+    kept = _kept(4)
+    batch = make_micro_batch(kept).to(torch.device("cpu"))
+    batch.row.cu_seqlens = batch.row.cu_seqlens.as_subclass(_NoHostReads)
+    settings = RLSettings.from_config(TrainConfig(actor="x", datasets="none", threshold_rescale=True),
+                                      Precision(torch.device("cpu"), torch.float32))
+    norm = global_normalisers(batch.action_cu_seqlens.diff(), batch.rewards)
+    sums = rl_micro_step(models, batch, norm, settings, update_actor=True)
+    assert torch.isfinite(torch.stack(list(sums))).all()
+    bounds = tuple(accumulate((t.num_tokens for t in kept), initial=0))
+    assert seen == [bounds] * 3 * config.num_layers  # reference, token RM and actor, every layer
+    row = batch.row
+    with pytest.raises(AssertionError, match="cu_seqlens read on the host"):
+        actor(row.input_ids, row.positions, row.cu_seqlens, row.max_seqlen)

@@ -1,5 +1,6 @@
 """The RL phase on a CUDA GPU as the trainer runs it (fp32 masters under bf16 autocast, varlen
-attention, Triton LM-head kernels): no host sync anywhere in the phase, the fused trunk ops
+attention, Triton LM-head kernels): no host sync anywhere in the phase (nor with the "cudnn"
+attention backend), the fused trunk ops
 (`TRAIN_OPS`) train the same as the eager ones, ``weights_cast_once`` gives the masters the
 gradients autocast gives them, and ``merged_projections`` those of separate projections (each with
 its own tolerance in its test).
@@ -36,11 +37,12 @@ CONFIG = DecoderConfig(family="qwen2", vocab_size=4096, hidden_size=256, interme
                        init_std=0.05)
 
 
-def _models(ops, compute_dtype: torch.dtype = torch.bfloat16) -> RLModels:
+def _models(ops, compute_dtype: torch.dtype = torch.bfloat16, attn_backend: str = "auto") -> RLModels:
     torch.manual_seed(0)
     models = []
     for dtype, head in ((torch.float32, True), (compute_dtype, True), (torch.float32, False)):
-        m = Decoder(CONFIG, with_lm_head=head, device="cuda", dtype=dtype, compute_dtype=compute_dtype, trunk_ops=ops)
+        m = Decoder(CONFIG, attn_backend=attn_backend, with_lm_head=head, device="cuda", dtype=dtype,
+                    compute_dtype=compute_dtype, trunk_ops=ops)
         m.init_weights()
         models.append(m)
     actor, reference, backbone = models
@@ -76,13 +78,17 @@ def _grads(models: RLModels) -> dict[str, torch.Tensor]:
     return grads
 
 
-@pytest.mark.parametrize("config", [{}, {"weights_cast_once": True, "merged_projections": True}],
-                         ids=["autocast_casts", "cast_once_merged"])
-def test_rl_phase_makes_no_host_sync(config):
-    """After a warm-up phase (kernels compiled, allocator primed), a whole phase of 3 micro-batches
-    under CUDA's sync debug mode "error": any blocking copy, .item() or stream sync raises. Both with
-    autocast casting the weights and with the trainer's defaults (cast once, q/k/v and gate/up merged)."""
-    models = _models(TRAIN_OPS)
+@pytest.mark.parametrize("attn_backend, config", [
+    ("auto", {}), ("auto", {"weights_cast_once": True, "merged_projections": True}),
+    ("cudnn", {"weights_cast_once": True, "merged_projections": True}),
+], ids=["autocast_casts", "cast_once_merged", "cast_once_merged_cudnn_attention"])
+def test_rl_phase_makes_no_host_sync(attn_backend, config):
+    """After a warm-up phase (kernels compiled, allocator primed, cuDNN's graphs built for these
+    lengths), a whole phase of 3 micro-batches under CUDA's sync debug mode "error": any blocking
+    copy, .item() or stream sync raises. With autocast casting the weights, with the trainer's
+    defaults (cast once, q/k/v and gate/up merged), and with those and the "cudnn" attention backend
+    (which splits each row on the host bounds packed with the micro-batch)."""
+    models = _models(TRAIN_OPS, attn_backend=attn_backend)
     _phase(models, **config)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")

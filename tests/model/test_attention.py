@@ -1,0 +1,87 @@
+"""The attention backends' names and the "cudnn" backend's rules on CPU: what `resolve_backend_name`
+refuses, the host bounds the backend needs, and its grouped-heads decision (the kernels themselves
+run in test_attention_gpu.py)."""
+
+from __future__ import annotations
+
+from itertools import accumulate
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from oreal_fast.model.attention import make_backend, resolve_backend_name, sdpa_attention
+
+LENS = [5, 11, 1, 7]
+BOUNDS = tuple(accumulate(LENS, initial=0))
+
+
+def _qkv(heads: int = 4, kv_heads: int = 2, dim: int = 8) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(0)
+    T = sum(LENS)
+    return tuple(torch.randn(T, h, dim, generator=g) for h in (heads, kv_heads, kv_heads))
+
+
+@pytest.mark.parametrize("device, dtype, why", [
+    ("cpu", torch.bfloat16, "device cpu"),
+    (None, torch.float16, "device cpu"),
+    ("cuda", torch.float32, "compute dtype torch.float32"),
+])
+def test_cudnn_is_refused_without_cuda_and_bf16_or_fp16(device, dtype, why):
+    with pytest.raises(ValueError, match=f"'cudnn' needs a CUDA device and bf16/fp16 compute, got .*{why}"):
+        resolve_backend_name("cudnn", device, dtype)
+
+
+@pytest.mark.parametrize("device", ["cuda", "meta"])
+def test_cudnn_resolves_for_cuda_and_for_a_model_built_on_meta(device):
+    """No GPU needed to resolve the name; meta is a model that its loader fills on the real device."""
+    assert resolve_backend_name("cudnn", device, torch.bfloat16) == "cudnn"
+
+
+def test_auto_never_picks_cudnn():
+    assert resolve_backend_name("auto", "cpu", torch.float32) == "sdpa"
+
+
+def test_cudnn_refuses_a_call_without_host_bounds():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="'cudnn' needs cu_seqlens_host"):
+        make_backend("cudnn")(q, k, v, torch.tensor(BOUNDS, dtype=torch.int32), max(LENS))
+
+
+def test_sdpa_reads_the_host_bounds_when_given():
+    q, k, v = _qkv()
+    cu = torch.tensor(BOUNDS, dtype=torch.int32)
+    assert torch.equal(sdpa_attention(q, k, v, cu, max(LENS), BOUNDS), sdpa_attention(q, k, v, cu, max(LENS)))
+
+
+@pytest.mark.parametrize("native_gqa", [True, False], ids=["cudnn_takes_gqa", "cudnn_refuses_gqa"])
+def test_cudnn_tries_native_grouped_heads_once_then_keeps_the_answer(monkeypatch, native_gqa):
+    """SDPA stands in for cuDNN here (the CPU has none): it checks that only the cuDNN backend is
+    enabled, and, for a torch whose cuDNN path refuses grouped heads, raises on enable_gqa as torch
+    does. Two calls: the first asks for native grouped heads once; the second follows its answer."""
+    real_sdpa = F.scaled_dot_product_attention
+    calls = []
+
+    def cudnn_stand_in(q, k, v, *, is_causal, enable_gqa):
+        assert torch.backends.cuda.cudnn_sdp_enabled() and not torch.backends.cuda.flash_sdp_enabled()
+        assert not torch.backends.cuda.math_sdp_enabled() and not torch.backends.cuda.mem_efficient_sdp_enabled()
+        calls.append((enable_gqa, k.shape[1]))
+        if enable_gqa and not native_gqa:
+            raise RuntimeError("No available kernel. Aborting execution.")
+        with sdpa_kernel(SDPBackend.MATH):
+            return real_sdpa(q, k, v, is_causal=is_causal, enable_gqa=enable_gqa)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", cudnn_stand_in)
+    q, k, v = _qkv()
+    cu = torch.tensor(BOUNDS, dtype=torch.int32)
+    backend = make_backend("cudnn")
+    outs = [backend(q, k, v, cu, max(LENS), BOUNDS) for _ in range(2)]
+    monkeypatch.undo()
+    expected = sdpa_attention(q, k, v, cu, max(LENS), BOUNDS)
+    assert all(torch.allclose(out, expected, atol=1e-6) for out in outs)
+    per_call = len(LENS)
+    if native_gqa:  # the KV heads as they are, in every call
+        assert calls == [(True, 2)] * 2 * per_call
+    else:  # one refused try, then K and V expanded to the 4 query heads, in this call and the next
+        assert calls == [(True, 2)] + [(False, 4)] * 2 * per_call

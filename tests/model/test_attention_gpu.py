@@ -1,0 +1,78 @@
+"""The "cudnn" attention backend against "varlen" on a CUDA GPU: forward and backward (out, dq, dk,
+dv) in bf16 on random inputs, six packed sequences of unequal lengths (one of a single token, most not
+a multiple of 64), Qwen2.5-0.5B heads (14 query heads, 2 KV heads, head_dim 64).
+
+Tolerance: per tensor, max |cudnn - varlen| <= 2^-6 x max |varlen|, i.e. 4 bf16 ulps at the tensor's
+largest element. Both kernels compute in fp32 and round to bf16 (the outputs, and P and dS inside the
+backward) with their own tiling and summation order, which puts elements one or two ulps apart; where
+cuDNN takes K and V expanded to the query heads, dk and dv are sums of 7 bf16-rounded head gradients,
+up to about two ulps more. (On an H100 with torch 2.11, out and dq at 2 x 16384 differed by 0.0039 at
+most: benchmarks/test_bench_attention.py.) A wrong mask (across a sequence boundary, or not causal), a
+wrong GQA head mapping or a misplaced sequence is off by a sizeable fraction of that largest element.
+Each backend's distance from fp32 SDPA on the same inputs is recorded too, for the record only.
+"""
+
+from __future__ import annotations
+
+import time
+from itertools import accumulate
+
+import pytest
+import torch
+
+from oreal_fast.model.attention import make_backend, sdpa_attention, varlen_available
+
+pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and varlen_available("cuda", torch.bfloat16)),
+                                reason="needs a CUDA GPU and torch's flash varlen kernel")
+
+LENS = [1, 37, 700, 128, 2049, 515]
+HEADS, KV_HEADS, HEAD_DIM = 14, 2, 64
+
+
+def _inputs(lens: list[int], seed: int = 0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    T = sum(lens)
+    q, k, v, grad = (torch.randn(T, h, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=g)
+                     for h in (HEADS, KV_HEADS, KV_HEADS, HEADS))
+    bounds = tuple(accumulate(lens, initial=0))
+    return q, k, v, grad, torch.tensor(bounds, device="cuda", dtype=torch.int32), bounds
+
+
+def _forward_backward(backend, q, k, v, grad, cu, bounds) -> list[torch.Tensor]:
+    """[out, dq, dk, dv] of one forward and backward of `backend` on leaf copies of q, k, v."""
+    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+    out = backend(q, k, v, cu, max(b - a for a, b in zip(bounds, bounds[1:])), bounds)
+    return [out, *torch.autograd.grad(out, (q, k, v), grad)]
+
+
+def test_cudnn_matches_varlen_forward_and_backward_in_bf16(record_property):
+    q, k, v, grad, cu, bounds = _inputs(LENS)
+    cudnn = _forward_backward(make_backend("cudnn"), q, k, v, grad, cu, bounds)
+    varlen = _forward_backward(make_backend("varlen"), q, k, v, grad, cu, bounds)
+    fp32 = _forward_backward(sdpa_attention, *(x.float() for x in (q, k, v, grad)), cu, bounds)
+    for name, a, b, truth in zip(("out", "dq", "dk", "dv"), cudnn, varlen, fp32):
+        assert a.dtype == b.dtype == torch.bfloat16 and a.shape == b.shape, name
+        diff, scale = (a.float() - b.float()).abs().max().item(), b.float().abs().max().item()
+        record_property(f"{name}_max_abs_diff", diff)
+        record_property(f"{name}_max_abs", scale)
+        record_property(f"{name}_max_err_fp32_cudnn", (a.float() - truth).abs().max().item())
+        record_property(f"{name}_max_err_fp32_varlen", (b.float() - truth).abs().max().item())
+        assert diff <= 2**-6 * scale, f"{name}: max |cudnn - varlen| {diff:.3g} against max |varlen| {scale:.3g}"
+
+
+def test_cudnn_time_at_new_lengths_against_known_ones(record_property):
+    """cuDNN builds (on the host) one graph per sequence length, forward and backward, at a length's
+    first call; an RL phase meets new lengths all the time. Recorded, not asserted: the milliseconds
+    of one forward + backward of 2 sequences at lengths never seen, and of the same call again."""
+    backend = make_backend("cudnn")
+    _forward_backward(backend, *_inputs([3001, 2999], seed=1))  # the grouped-heads decision and warm-up
+    times = {}
+    for label in ("new_lengths_ms", "known_lengths_ms"):
+        inputs = _inputs([4093, 4099], seed=2)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        _forward_backward(backend, *inputs)
+        torch.cuda.synchronize()
+        times[label] = 1e3 * (time.perf_counter() - start)
+        record_property(label, times[label])
+    assert all(ms > 0 for ms in times.values())
