@@ -47,7 +47,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv >> "$OUT/env.txt"
 PY="python3"
 # the tests that need a GPU (the rest of each file skips or runs in seconds)
-GPU_TESTS="tests/model/test_decoder_gpu.py tests/kernels tests/trainer/test_loss_impl.py tests/trainer/test_trainer_gpu.py
+GPU_TESTS="tests/model/test_decoder_gpu.py tests/model/test_attention_gpu.py tests/kernels tests/trainer/test_loss_impl.py tests/trainer/test_trainer_gpu.py
   tests/trainer/test_rl_phase_gpu.py tests/rollout/test_engine_gpu.py"
 run_bench() {  # files, -k expression, output name, timeout
   timeout "$4" $PY -m pytest $1 --benchmark-only -q -p no:cacheprovider ${2:+-k "$2"} \
