@@ -177,7 +177,7 @@ def _move_all(batches: list[RLMicroBatch], device: torch.device) -> list[RLMicro
     moved = []
     for b in batches:
         ids, positions, cu, *rest = (next(int_parts) for _ in range(3 + len(_INT_FIELDS)))
-        row = PackedRow(ids, positions, cu.to(torch.int32), b.row.max_seqlen, b.row.cu_seqlens_host)
+        row = PackedRow(ids, positions, cu.to(torch.int32), b.row.cu_seqlens_host)
         rewards, advantages = next(float_parts), next(float_parts)
         rollout = None if b.rollout_logprobs is None else next(float_parts)
         moved.append(RLMicroBatch(row, rest[0], rewards, advantages, *rest[1:], rollout_logprobs=rollout))

@@ -88,7 +88,7 @@ def _saved_bytes(model: Decoder, num_tokens: int) -> int:
 
     device = model.embed.weight.device
     row = pack_sequences([list(range(1, num_tokens // 2 + 1)), list(range(3, num_tokens - num_tokens // 2 + 3))])
-    row = type(row)(row.input_ids.to(device), row.positions.to(device), row.cu_seqlens.to(device), row.max_seqlen,
+    row = type(row)(row.input_ids.to(device), row.positions.to(device), row.cu_seqlens.to(device),
                     row.cu_seqlens_host)
     with torch.autocast(device.type, dtype=torch.bfloat16), \
             torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

@@ -22,7 +22,6 @@ class PackedRow:
         input_ids: [T] int64, the tokens of all sequences.
         positions: [T] int64, 0..len_i-1 within each sequence.
         cu_seqlens: [N+1] int32, start offsets plus the total length.
-        max_seqlen: the longest sequence's length.
         cu_seqlens_host: ``cu_seqlens`` as host ints, for the attention backends that split the row
             per sequence (``Decoder.forward``'s ``cu_seqlens_host``): known when the row is packed, so
             they need not be read back from the device.
@@ -31,8 +30,13 @@ class PackedRow:
     input_ids: torch.Tensor
     positions: torch.Tensor
     cu_seqlens: torch.Tensor
-    max_seqlen: int
     cu_seqlens_host: tuple[int, ...]
+
+    @property
+    def max_seqlen(self) -> int:
+        """The longest sequence's length (host int, from the host bounds)."""
+        bounds = self.cu_seqlens_host
+        return max(end - start for start, end in zip(bounds[:-1], bounds[1:]))
 
 
 def pack_sequences(seqs: list[list[int]]) -> PackedRow:
@@ -46,4 +50,4 @@ def pack_sequences(seqs: list[list[int]]) -> PackedRow:
     starts = torch.cumsum(lengths, 0) - lengths  # (N,) offset of each sequence
     positions = torch.arange(len(input_ids)) - torch.repeat_interleave(starts, lengths)
     cu_seqlens = torch.tensor(cu_seqlens_host, dtype=torch.int32)
-    return PackedRow(input_ids, positions, cu_seqlens, int(lengths.max()), cu_seqlens_host)
+    return PackedRow(input_ids, positions, cu_seqlens, cu_seqlens_host)
