@@ -7,8 +7,9 @@ Eager, this is 26 torch ops a step, 27 when sampling (the slot arithmetic: floor
 cast, multiply, remainder, add, masked fill, add, cast; the tail: an index select of the
 uniforms, two index copies into the round buffers, not, add, compare, isin, two ors, not, add,
 where, add and the copies back into the row state), each on vectors of at most a few hundred
-entries and each a launch-sized slot of GPU time (~1.5-2.5 us on an H200, inside a CUDA graph
-too). Here each side is one pass over the rows.
+entries and each a kernel of its own inside the CUDA graph (on an H200 such kernels ran 0.7-1.8 us
+each, with the graph's gap between kernels on top: benchmarks/RESULTS.md, the decode-step profile of
+2026-12-07). Here each side is one pass over the rows.
 
 The math, as the eager twins compute it, on rows 0..B-1 of the engine's row state
 (`oreal_fast.rollout.engine.model_runner`'s module docstring):
