@@ -4,13 +4,14 @@ heads, 2 KV heads, head_dim 64, bf16), the part of the RL phase that grows with 
 Run: `pytest benchmarks/test_bench_attention.py --benchmark-only` (CUDA only).
 Providers:
   varlen        the decoder's "varlen" backend: torch's flash varlen kernel over the packed rows
-  sdpa_flash    scaled_dot_product_attention per sequence, the flash backend forced
-  sdpa_cudnn    the same, the cuDNN backend forced (K and V expanded to the query heads when the
-                backend refuses grouped heads: the expansion and its gradient sum are timed too)
-  sdpa_efficient  the same, the memory-efficient backend forced
+  cudnn         the decoder's "cudnn" backend: scaled_dot_product_attention per sequence with the
+                cuDNN kernel forced, on the row's host bounds (K and V expanded to the query heads
+                where cuDNN refuses grouped heads: the expansion and its gradient sum are timed too)
+  sdpa_flash    the decoder's "sdpa" backend (per sequence, grouped heads native) with SDPA's flash
+                kernel forced
+  sdpa_efficient  the same with the memory-efficient kernel forced
   cudnn_varlen  cuDNN's fused attention over the packed rows (aten's _cudnn_attention_forward /
-                _backward with cumulative sequence starts, as torch's varlen_attn calls them when it
-                picks cuDNN), K and V expanded to the query heads (cuDNN takes no grouped heads here)
+                _backward with cumulative sequence starts), K and V expanded to the query heads
 Cases: 2 sequences of L tokens, L in {4096, 16384}. extra_info: "tflops", the causal FLOPs of forward
 and backward, 3.5 x 4 x head_dim x heads x sum n (n + 1) / 2 (rl_shapes.py counts the same), over
 the median time; "max_abs_diff", the largest |out - varlen out| and |dq - varlen dq| over the
@@ -23,17 +24,15 @@ import gc
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from rl_shapes import DEVICE, QWEN25_05B
 
-from oreal_fast.model.attention import make_backend
+from oreal_fast.model.attention import make_backend, sdpa_attention
 
 LENGTHS = {"L4096": 4096, "L16384": 16384}
-SDPA = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
-        "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}
-PROVIDERS = ("varlen", *SDPA, "cudnn_varlen")
+SDPA_PEERS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}
+PROVIDERS = ("varlen", "cudnn", *SDPA_PEERS, "cudnn_varlen")
 
 
 def _inputs(length: int):
@@ -45,23 +44,6 @@ def _inputs(length: int):
     grad = torch.randn(T, c.num_heads, c.head_dim, device=DEVICE, dtype=torch.bfloat16, generator=g)
     cu = torch.tensor([0, length, T], device=DEVICE, dtype=torch.int32)
     return q, k, v, grad, cu
-
-
-def _sdpa(backend: SDPBackend, length: int):
-    """Per-sequence SDPA with `backend` forced; sequence bounds known on the host (no sync)."""
-    groups = QWEN25_05B.num_heads // QWEN25_05B.num_kv_heads
-
-    def attend(q, k, v, expand):
-        outs = []
-        for s in (slice(0, length), slice(length, 2 * length)):
-            qi, ki, vi = (x[s].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
-            if expand:
-                ki, vi = ki.repeat_interleave(groups, 1), vi.repeat_interleave(groups, 1)
-            with sdpa_kernel(backend):
-                oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, enable_gqa=not expand)
-            outs.append(oi.squeeze(0).transpose(0, 1))
-        return torch.cat(outs)
-    return attend
 
 
 class _CudnnVarlen(torch.autograd.Function):
@@ -89,20 +71,19 @@ class _CudnnVarlen(torch.autograd.Function):
 
 
 def _provider(name: str, length: int, q, k, v, cu):
+    bounds = (0, length, 2 * length)
     if name == "cudnn_varlen":
         groups = QWEN25_05B.num_heads // QWEN25_05B.num_kv_heads
         return lambda: _CudnnVarlen.apply(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), cu,
                                           length)
-    if name == "varlen":
-        backend = make_backend("varlen")
-        return lambda: backend(q, k, v, cu, length)
-    attend = _sdpa(SDPA[name], length)
-    try:
-        attend(q, k, v, expand=False)
-        expand = False
-    except RuntimeError:  # the backend refuses grouped heads
-        expand = True
-    return lambda: attend(q, k, v, expand)
+    if name in ("varlen", "cudnn"):
+        backend = make_backend(name)
+        return lambda: backend(q, k, v, cu, length, bounds)
+
+    def forced():
+        with sdpa_kernel(SDPA_PEERS[name]):
+            return sdpa_attention(q, k, v, cu, length, bounds)
+    return forced
 
 
 @pytest.mark.parametrize("length_id", list(LENGTHS))
