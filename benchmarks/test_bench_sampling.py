@@ -84,5 +84,5 @@ def test_sampling(benchmark, mode, B, spread, provider):
                                 gb_per_s=logits.numel() * logits.element_size() / median_s / 1e9)
     if provider == "oreal_fast":
         uniform = torch.rand(B, generator=g, device="cuda")
-        _, resolved = smp._sample(logits, uniform, 1.0, top_k, top_p, smp._config(logits.device, V))
+        _, resolved, _ = smp._sample(logits, uniform, 1.0, top_k, top_p, smp._config(logits.device, V))
         benchmark.extra_info["resolved"] = float(resolved.float().mean())

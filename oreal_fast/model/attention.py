@@ -17,7 +17,8 @@ result up to rounding, which the tests check against each other.
   bf16/fp16 only. It needs `cu_seqlens_host` and refuses a call without it, so it never syncs.
   Grouped heads: cuDNN's own (`enable_gqa=True`) where it takes them, else K and V expanded to the
   query heads (`repeat_interleave`, whose backward sums each group's gradients), decided by the first
-  grouped call (the native call raising means expand) and kept for the backend's life.
+  grouped call (the native call raising means expand) and kept for the backend's life. cuDNN
+  refuses a sequence of one token; its output is its value, which the backend returns itself.
   On an H100 (torch 2.11, one layer's forward + backward over 2 sequences) it took 8.3 ms to varlen's
   12.5 ms at 2 x 16384 and about the same at 2 x 4096 (benchmarks/test_bench_attention.py). It costs
   one SDPA call per sequence and layer, and torch caches one cuDNN graph per sequence length (built
@@ -93,11 +94,17 @@ def sdpa_attention(
 def _make_cudnn_backend() -> AttentionBackend:
     native_gqa: bool | None = None  # None until the first call with grouped heads tries cuDNN's own
 
+    def attend_one(qi: torch.Tensor, ki: torch.Tensor, vi: torch.Tensor, enable_gqa: bool) -> torch.Tensor:
+        if qi.shape[2] == 1:
+            # cuDNN refuses a key length of 1; a lone token attends to itself only: its output is its
+            # value, exactly (softmax of one score is 1), and the gradient flows to v alone.
+            return vi.repeat_interleave(qi.shape[1] // vi.shape[1], dim=1)
+        return F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, enable_gqa=enable_gqa)
+
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: tuple[int, ...],
                enable_gqa: bool) -> torch.Tensor:
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            return _per_sequence(q, k, v, bounds, lambda qi, ki, vi: F.scaled_dot_product_attention(
-                qi, ki, vi, is_causal=True, enable_gqa=enable_gqa))
+            return _per_sequence(q, k, v, bounds, lambda qi, ki, vi: attend_one(qi, ki, vi, enable_gqa))
 
     def cudnn_attention(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,

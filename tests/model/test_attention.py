@@ -58,14 +58,17 @@ def test_sdpa_reads_the_host_bounds_when_given():
 @pytest.mark.parametrize("native_gqa", [True, False], ids=["cudnn_takes_gqa", "cudnn_refuses_gqa"])
 def test_cudnn_tries_native_grouped_heads_once_then_keeps_the_answer(monkeypatch, native_gqa):
     """SDPA stands in for cuDNN here (the CPU has none): it checks that only the cuDNN backend is
-    enabled, and, for a torch whose cuDNN path refuses grouped heads, raises on enable_gqa as torch
-    does. Two calls: the first asks for native grouped heads once; the second follows its answer."""
+    enabled, raises on a key length of 1 as cuDNN does, and, for a torch whose cuDNN path refuses
+    grouped heads, raises on enable_gqa as torch does. Two calls: the first asks for native grouped
+    heads once; the second follows its answer. The lone token (LENS holds a 1) never reaches cuDNN."""
     real_sdpa = F.scaled_dot_product_attention
     calls = []
 
     def cudnn_stand_in(q, k, v, *, is_causal, enable_gqa):
         assert torch.backends.cuda.cudnn_sdp_enabled() and not torch.backends.cuda.flash_sdp_enabled()
         assert not torch.backends.cuda.math_sdp_enabled() and not torch.backends.cuda.mem_efficient_sdp_enabled()
+        if k.shape[2] == 1:
+            raise RuntimeError("No available kernel. Aborting execution.")
         calls.append((enable_gqa, k.shape[1]))
         if enable_gqa and not native_gqa:
             raise RuntimeError("No available kernel. Aborting execution.")
@@ -80,8 +83,35 @@ def test_cudnn_tries_native_grouped_heads_once_then_keeps_the_answer(monkeypatch
     monkeypatch.undo()
     expected = sdpa_attention(q, k, v, cu, max(LENS), BOUNDS)
     assert all(torch.allclose(out, expected, atol=1e-6) for out in outs)
-    per_call = len(LENS)
+    per_call = sum(n > 1 for n in LENS)
     if native_gqa:  # the KV heads as they are, in every call
         assert calls == [(True, 2)] * 2 * per_call
     else:  # one refused try, then K and V expanded to the 4 query heads, in this call and the next
         assert calls == [(True, 2)] + [(False, 4)] * 2 * per_call
+
+
+def test_cudnn_forward_and_backward_equal_sdpa_with_a_lone_token(monkeypatch):
+    """The lone token's output is its value, returned without cuDNN: forward and gradients of the
+    whole packed row (LENS holds a sequence of one token) equal the sdpa backend's."""
+    real_sdpa = F.scaled_dot_product_attention
+
+    def cudnn_stand_in(q, k, v, *, is_causal, enable_gqa):
+        assert k.shape[2] > 1, "cuDNN refuses a key length of 1"
+        with sdpa_kernel(SDPBackend.MATH):
+            return real_sdpa(q, k, v, is_causal=is_causal, enable_gqa=enable_gqa)
+
+    cu = torch.tensor(BOUNDS, dtype=torch.int32)
+    results = []
+    for name in ("cudnn", "sdpa"):
+        q, k, v = (x.double().requires_grad_() for x in _qkv())
+        with monkeypatch.context() as patch:
+            if name == "cudnn":
+                patch.setattr(F, "scaled_dot_product_attention", cudnn_stand_in)
+            out = make_backend(name)(q, k, v, cu, max(LENS), BOUNDS)
+        grad = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape)
+        out.backward(grad)
+        results.append((out, q.grad, k.grad, v.grad))
+    lone = BOUNDS[LENS.index(1)]
+    assert results[1][1][lone].abs().max() == 0  # the sdpa reference: no gradient into a lone query
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
