@@ -10,9 +10,7 @@ Providers:
   sdpa_flash    the decoder's "sdpa" backend (per sequence, grouped heads native) with SDPA's flash
                 kernel forced
   sdpa_efficient  the same with the memory-efficient kernel forced
-  cudnn_varlen  cuDNN's fused attention over the packed rows (aten's _cudnn_attention_forward /
-                _backward with cumulative sequence starts), K and V expanded to the query heads
-Cases: 2 sequences of L tokens, L in {4096, 16384}. extra_info: "tflops", the causal FLOPs of forward
+Cases: 2 sequences of L tokens, L in {1024, 2048, 4096, 16384}. extra_info: "tflops", the causal FLOPs of forward
 and backward, 3.5 x 4 x head_dim x heads x sum n (n + 1) / 2 (rl_shapes.py counts the same), over
 the median time; "max_abs_diff", the largest |out - varlen out| and |dq - varlen dq| over the
 call's outputs, on the same random inputs.
@@ -30,9 +28,9 @@ from rl_shapes import DEVICE, QWEN25_05B
 
 from oreal_fast.model.attention import make_backend, sdpa_attention
 
-LENGTHS = {"L4096": 4096, "L16384": 16384}
+LENGTHS = {"L1024": 1024, "L2048": 2048, "L4096": 4096, "L16384": 16384}
 SDPA_PEERS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}
-PROVIDERS = ("varlen", "cudnn", *SDPA_PEERS, "cudnn_varlen")
+PROVIDERS = ("varlen", "cudnn", *SDPA_PEERS)
 
 
 def _inputs(length: int):
@@ -46,36 +44,8 @@ def _inputs(length: int):
     return q, k, v, grad, cu
 
 
-class _CudnnVarlen(torch.autograd.Function):
-    """Packed causal attention through aten's cuDNN varlen ops (q, k, v with equal head counts)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, cu, max_seqlen):
-        res = torch.ops.aten._cudnn_attention_forward(q, k, v, None, cu, cu, max_seqlen, max_seqlen, True, 0.0, True,
-                                                      False)
-        out, lse, seed, offset = res[0], res[1], res[6], res[7]
-        ctx.save_for_backward(q, k, v, out, lse, cu, seed, offset)
-        ctx.max_seqlen = max_seqlen
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        q, k, v, out, lse, cu, seed, offset = ctx.saved_tensors
-        no_bias = torch.empty(0, device=q.device, dtype=q.dtype)  # the schema takes a tensor, not None
-        # (grad_out, q, k, v, out, logsumexp, philox_seed, philox_offset, attn_bias, cum_seq_q, cum_seq_k,
-        #  max_q, max_k, dropout_p, is_causal), as aten's schema lists them
-        dq, dk, dv = torch.ops.aten._cudnn_attention_backward(grad.contiguous(), q, k, v, out, lse, seed, offset,
-                                                              no_bias, cu, cu, ctx.max_seqlen, ctx.max_seqlen, 0.0,
-                                                              True)
-        return dq, dk, dv, None, None
-
-
 def _provider(name: str, length: int, q, k, v, cu):
     bounds = (0, length, 2 * length)
-    if name == "cudnn_varlen":
-        groups = QWEN25_05B.num_heads // QWEN25_05B.num_kv_heads
-        return lambda: _CudnnVarlen.apply(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), cu,
-                                          length)
     if name in ("varlen", "cudnn"):
         backend = make_backend(name)
         return lambda: backend(q, k, v, cu, length, bounds)

@@ -4,7 +4,7 @@ micro-batch of 2 sequences.
 
 Run: `pytest benchmarks/test_bench_rl_phase.py --benchmark-only` (CUDA only).
 Providers:
-  oreal_fast        our packed decoder (fp32 masters, bf16 autocast, varlen attention), the fused
+  oreal_fast        our packed decoder (fp32 masters, bf16 autocast, attention "auto"), the fused
                     trunk ops (`TRAIN_OPS`), the trainer's recompute plan for this micro-batch under a
                     40 GiB cap, linear_logprob + the eager OREAL loss, autocast casting the weights in
                     every forward (weights_cast_once off)
@@ -17,12 +17,14 @@ Providers:
                     the copies are made inside every timed call, since here one micro-batch is the
                     whole phase: the least a phase of several micro-batches amortises the cast over
   merged            cast_once with merged_projections: q/k/v and gate/up as one GEMM each (the same
-                    copy bytes, so the same recompute plan): the trainer's defaults
-  cudnn             merged with attention_backend "cudnn": SDPA's cuDNN kernel per sequence instead of
-                    the flash varlen kernel, under the same recompute plan (made for varlen: the
-                    per-sequence outputs and their packed copy keep one more [T, Hq x D] tensor a
-                    layer, ~4 % of a block's activations). The warm-up call runs the same lengths, so
-                    cuDNN's graphs (one per sequence length) are built before the timed rounds
+                    copy bytes, so the same recompute plan): the trainer's defaults, attention
+                    "auto" (by_length: cuDNN for rows of sequences of 4096 tokens or more)
+  varlen            merged with attention_backend "varlen": the flash varlen kernel at every length
+  cudnn             merged with attention_backend "cudnn": SDPA's cuDNN kernel per sequence, each
+                    padded to a multiple of 256 tokens, under the same recompute plan (made for
+                    varlen: the per-sequence outputs and their packed copy keep one more [T, Hq x D]
+                    tensor a layer, ~4 % of a block's activations). The warm-up call runs the same
+                    lengths, so cuDNN's graphs (one per padded length) are built before the timed rounds
   hf_plain          transformers Qwen2ForCausalLM x 3 the plain way: full [B, L, V] logits,
                     gradient checkpointing, log_softmax + gather, the same OREAL math after that
 Cases: 2 sequences of L tokens (512 prompt + L - 512 response), L in {4096, 16384}; hf_plain runs
@@ -60,6 +62,7 @@ OURS = {
     "recompute_full": ("triton", "linear_logprob", TRAIN_OPS, QWEN25_05B.num_layers, False, False, "auto"),
     "cast_once": ("triton", "linear_logprob", TRAIN_OPS, None, True, False, "auto"),
     "merged": ("triton", "linear_logprob", TRAIN_OPS, None, True, True, "auto"),
+    "varlen": ("triton", "linear_logprob", TRAIN_OPS, None, True, True, "varlen"),
     "cudnn": ("triton", "linear_logprob", TRAIN_OPS, None, True, True, "cudnn"),
 }
 PROVIDERS = (*OURS, "hf_plain")

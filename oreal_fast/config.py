@@ -47,7 +47,7 @@ CHOICES = {
     "reward_shaping_type": ("rloo", "grpo"), "kl_type": ("kl", "unbias", "mse"),
     "loss_impl": ("auto", "triton", "eager"), "trunk_kernels": ("auto", "triton", "eager"),
     "loss_kernel": ("linear_logprob", "fused_oreal_loss"), "device": ("auto", "cpu", "cuda"),
-    "attention_backend": ("auto", "varlen", "sdpa", "cudnn"),
+    "attention_backend": ("auto", "varlen", "sdpa", "cudnn", "by_length"),
 }
 
 # Int keys and their lowest allowed value (checked at load; --help and docs/config.md list them).
@@ -285,15 +285,15 @@ class TrainConfig:
     """The trained models' RMSNorm, residual add, rope and SwiGLU, forward and backward: auto (triton on
     CUDA, eager on CPU) | triton (oreal_fast.kernels.trunk_train) | eager (PyTorch ops, autograd's backward)."""
     attention_backend: str = "auto"
-    """The attention of the actor's, reference's and token RM's forwards in the RL phase: auto (varlen on CUDA
-    with bf16/fp16, sdpa otherwise) | varlen (torch's flash varlen kernel over the packed row) | sdpa
+    """The attention of the actor's, reference's and token RM's forwards in the RL phase: auto (by_length on
+    CUDA with bf16/fp16, sdpa otherwise) | varlen (torch's flash varlen kernel over the packed row) | sdpa
     (PyTorch's scaled_dot_product_attention per sequence, any device) | cudnn (the same with its cuDNN
-    kernel forced; CUDA with bf16/fp16). varlen and cudnn need a GPU and dtype bf16, fp16 or auto. cudnn's
-    attention took 8.3 ms to varlen's 12.5 ms at 2 x 16384 tokens on an H100 (one layer, forward +
-    backward; benchmarks/test_bench_attention.py), about the same at 2 x 4096, but it builds a cuDNN graph on
-    the host at each new sequence length; it is not the default until the whole RL phase measures faster
-    (benchmarks/test_bench_rl_phase.py, provider cudnn). Generation attends through the rollout engine's
-    own kernels whatever this says."""
+    kernel forced, each sequence padded to a multiple of 256 tokens so that cuDNN builds a bounded set of
+    graphs) | by_length (cudnn for a micro-batch row whose longest sequence has at least 4096 tokens,
+    varlen for the others). varlen, cudnn and by_length need a GPU and dtype bf16, fp16 or auto. On an H100
+    cudnn's attention took 8.3 ms to varlen's 12.5 ms at 2 x 16384 tokens (one layer, forward + backward;
+    benchmarks/test_bench_attention.py). Generation attends through the rollout engine's own kernels
+    whatever this says."""
     loss_kernel: str = "linear_logprob"
     """Actor loss: linear_logprob (fused log-probs, then the loss in PyTorch) | fused_oreal_loss
     (the whole OREAL loss inside the LM-head kernel)."""
@@ -657,7 +657,7 @@ def _check_device(c: _Checker, cfg: TrainConfig) -> None:
     on_cpu = cfg.device == "cpu" or not torch.cuda.is_available()
     if on_cpu and cfg.dtype in ("bf16", "fp16"):
         c.fail("dtype", f"{cfg.dtype!r} needs a GPU; on CPU use 'fp32' or 'auto' (which picks fp32 there)")
-    if cfg.attention_backend in ("varlen", "cudnn") and (on_cpu or cfg.dtype == "fp32"):
+    if cfg.attention_backend in ("varlen", "cudnn", "by_length") and (on_cpu or cfg.dtype == "fp32"):
         where = "the run is on CPU" if on_cpu else "dtype is 'fp32'"
         c.fail("attention_backend", f"{cfg.attention_backend!r} needs a GPU and bf16/fp16 compute, but {where} "
                f"(use 'auto' or 'sdpa')")

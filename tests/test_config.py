@@ -134,7 +134,7 @@ BAD = [
     ("trunk_kernels = 'liger'", "trunk_kernels", "auto, triton, eager"),
     ("selective_recompute = 1.5", "selective_recompute", "None or [0, 1]"),
     ("loss_kernel = 'cce'", "loss_kernel", "linear_logprob, fused_oreal_loss"),
-    ("attention_backend = 'flash'", "attention_backend", "auto, varlen, sdpa, cudnn"),
+    ("attention_backend = 'flash'", "attention_backend", "auto, varlen, sdpa, cudnn, by_length"),
     ("rl_micro_batch_tokens = -1", "rl_micro_batch_tokens", ">= 0"),
     ("weights_cast_once = False\nmerged_projections = True", "merged_projections", "True needs weights_cast_once = True"),
     ("device = 'tpu'", "device", "auto, cpu, cuda"),
@@ -185,7 +185,7 @@ def test_cpu_only_settings_are_refused_before_anything_loads(tmp_path, monkeypat
     assert key in str(e.value) and path in str(e.value) and why in str(e.value)
 
 
-@pytest.mark.parametrize("backend", ["varlen", "cudnn"])
+@pytest.mark.parametrize("backend", ["varlen", "cudnn", "by_length"])
 def test_gpu_attention_backends_are_refused_for_fp32_compute(tmp_path, monkeypatch, backend):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the config's view of a GPU machine
     path = _write(tmp_path, f"device = 'auto'\ndtype = 'fp32'\nattention_backend = {backend!r}\n")

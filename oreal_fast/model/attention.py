@@ -21,10 +21,14 @@ result up to rounding, which the tests check against each other.
   refuses a sequence of one token; its output is its value, which the backend returns itself.
   On an H100 (torch 2.11, one layer's forward + backward over 2 sequences) it took 8.3 ms to varlen's
   12.5 ms at 2 x 16384 and about the same at 2 x 4096 (benchmarks/test_bench_attention.py). It costs
-  one SDPA call per sequence and layer, and torch caches one cuDNN graph per sequence length (built
-  on the host at a length's first call), so rows of many short or ever-new lengths favour "varlen".
+  one SDPA call per sequence and layer. cuDNN builds a graph per shape on the host (on an H100 about
+  0.3 s for the forward and backward of two new lengths, against 2 ms once built), so each sequence
+  is padded with zero rows to a multiple of `CUDNN_LENGTH_BUCKET` tokens: a run builds at most one
+  graph pair per bucket, and the padding adds under 256 rows of causal work a sequence.
   For the backward it keeps, as "sdpa" does, one [T, Hq, D] tensor a layer more than "varlen" (the
   per-sequence outputs and their packed copy), and K and V at the query heads where it expands them.
+- "by_length", what "auto" picks on CUDA with bf16/fp16: "cudnn" for a row whose longest sequence
+  has at least `CUDNN_MIN_LENGTH` tokens (and whose host bounds are given), "varlen" otherwise.
 
 This module does not do KV caches: generation passes its own cache object to `Decoder.forward`
 (`oreal_fast.rollout`).
@@ -49,9 +53,15 @@ class AttentionBackend(Protocol):
                  cu_seqlens_host: tuple[int, ...] | None = None) -> torch.Tensor: ...
 
 
-BACKEND_NAMES = ("auto", "sdpa", "varlen", "cudnn")
+BACKEND_NAMES = ("auto", "sdpa", "varlen", "cudnn", "by_length")
 # the compute dtypes the CUDA kernels ("varlen", "cudnn") take
 HALF_DTYPES = (torch.bfloat16, torch.float16)
+# "cudnn" pads each sequence to a multiple of this many tokens: cuDNN builds a graph per shape, so a
+# run meets at most max_len / 256 of them (~0.15 s each, forward and backward, on an H100)
+CUDNN_LENGTH_BUCKET = 256
+# "by_length" (what "auto" picks on CUDA) sends a row whose longest sequence has at least this many
+# tokens to "cudnn", a shorter one to "varlen"
+CUDNN_MIN_LENGTH = 4096
 
 
 def _per_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: tuple[int, ...] | list[int],
@@ -95,11 +105,18 @@ def _make_cudnn_backend() -> AttentionBackend:
     native_gqa: bool | None = None  # None until the first call with grouped heads tries cuDNN's own
 
     def attend_one(qi: torch.Tensor, ki: torch.Tensor, vi: torch.Tensor, enable_gqa: bool) -> torch.Tensor:
-        if qi.shape[2] == 1:
+        n = qi.shape[2]
+        if n == 1:
             # cuDNN refuses a key length of 1; a lone token attends to itself only: its output is its
             # value, exactly (softmax of one score is 1), and the gradient flows to v alone.
             return vi.repeat_interleave(qi.shape[1] // vi.shape[1], dim=1)
-        return F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, enable_gqa=enable_gqa)
+        # Zero rows after the sequence, up to the bucket: causal queries never see them, so the first
+        # n outputs are the sequence's own; the copies are contiguous, so the graph's shape and
+        # strides depend on the bucket alone.
+        pad = (0, 0, 0, -n % CUDNN_LENGTH_BUCKET)
+        out = F.scaled_dot_product_attention(*(F.pad(x, pad).contiguous() for x in (qi, ki, vi)),
+                                             is_causal=True, enable_gqa=enable_gqa)
+        return out[:, :, :n]
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: tuple[int, ...],
                enable_gqa: bool) -> torch.Tensor:
@@ -165,28 +182,44 @@ def varlen_available(device: torch.device | str | None, dtype: torch.dtype | Non
     return device.type == "cuda" and dtype in HALF_DTYPES and _varlen_fn() is not None
 
 
+def _make_by_length_backend() -> AttentionBackend:
+    varlen, cudnn = _make_varlen_backend(), _make_cudnn_backend()
+
+    def by_length_attention(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+        cu_seqlens_host: tuple[int, ...] | None = None,
+    ) -> torch.Tensor:
+        if cu_seqlens_host is not None and max_seqlen >= CUDNN_MIN_LENGTH:
+            return cudnn(q, k, v, cu_seqlens, max_seqlen, cu_seqlens_host)
+        return varlen(q, k, v, cu_seqlens, max_seqlen, cu_seqlens_host)
+
+    return by_length_attention
+
+
 def resolve_backend_name(name: str, device: torch.device | str | None, dtype: torch.dtype | None) -> str:
-    """Turn "auto" into "varlen" (CUDA, bf16/fp16, kernel present) or "sdpa"; check the name and
-    what the named backend needs."""
+    """Turn "auto" into "by_length" (CUDA, bf16/fp16, varlen kernel present) or "sdpa"; check the
+    name and what the named backend needs."""
     if name not in BACKEND_NAMES:
         raise ValueError(f"attention backend {name!r}: expected one of {BACKEND_NAMES}")
     if name == "auto":
-        return "varlen" if varlen_available(device, dtype) else "sdpa"
-    if name == "varlen" and _varlen_fn() is None:
+        return "by_length" if varlen_available(device, dtype) else "sdpa"
+    if name in ("varlen", "by_length") and _varlen_fn() is None:
         raise ValueError(
-            f"attention backend 'varlen' needs torch.nn.attention.varlen (torch {torch.__version__} lacks it)"
+            f"attention backend {name!r} needs torch.nn.attention.varlen (torch {torch.__version__} lacks it)"
         )
     device_type = torch.device(device if device is not None else "cpu").type
     # a model built on meta is filled later: its loader (`hf_io.decoder_from_hf`) resolved the name for
     # the real device first
-    if name == "cudnn" and (device_type not in ("cuda", "meta") or dtype not in HALF_DTYPES):
-        raise ValueError(f"attention backend 'cudnn' needs a CUDA device and bf16/fp16 compute, got device "
+    if name in ("cudnn", "by_length") and (device_type not in ("cuda", "meta") or dtype not in HALF_DTYPES):
+        raise ValueError(f"attention backend {name!r} needs a CUDA device and bf16/fp16 compute, got device "
                          f"{device_type} and compute dtype {dtype} (use 'auto' or 'sdpa' there)")
     return name
 
 
 def make_backend(name: str) -> AttentionBackend:
-    """The backend function for a resolved name ("sdpa", "varlen" or "cudnn")."""
+    """The backend function for a resolved name ("sdpa", "varlen", "cudnn" or "by_length")."""
+    if name == "by_length":
+        return _make_by_length_backend()
     if name == "varlen":
         return _make_varlen_backend()
     if name == "cudnn":

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from oreal_fast.model import attention
 from oreal_fast.model.attention import make_backend, resolve_backend_name, sdpa_attention
 
 LENS = [5, 11, 1, 7]
@@ -39,8 +40,25 @@ def test_cudnn_resolves_for_cuda_and_for_a_model_built_on_meta(device):
     assert resolve_backend_name("cudnn", device, torch.bfloat16) == "cudnn"
 
 
-def test_auto_never_picks_cudnn():
+def test_auto_picks_by_length_for_half_compute_on_cuda_and_sdpa_elsewhere():
     assert resolve_backend_name("auto", "cpu", torch.float32) == "sdpa"
+    assert resolve_backend_name("auto", "cuda", torch.float32) == "sdpa"
+    if attention._varlen_fn() is not None:
+        assert resolve_backend_name("auto", "cuda", torch.bfloat16) == "by_length"
+
+
+def test_by_length_sends_rows_of_long_sequences_to_cudnn_and_the_others_to_varlen(monkeypatch):
+    calls = []
+    monkeypatch.setattr(attention, "_make_varlen_backend", lambda: lambda *args: calls.append("varlen"))
+    monkeypatch.setattr(attention, "_make_cudnn_backend", lambda: lambda *args: calls.append("cudnn"))
+    backend = make_backend("by_length")
+    q, k, v = _qkv()
+    cu = torch.tensor(BOUNDS, dtype=torch.int32)
+    long_len = attention.CUDNN_MIN_LENGTH
+    backend(q, k, v, cu, long_len, BOUNDS)
+    backend(q, k, v, cu, long_len - 1, BOUNDS)
+    backend(q, k, v, cu, long_len)  # no host bounds: cudnn would have to sync, varlen does not
+    assert calls == ["cudnn", "varlen", "varlen"]
 
 
 def test_cudnn_refuses_a_call_without_host_bounds():

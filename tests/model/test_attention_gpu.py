@@ -61,14 +61,16 @@ def test_cudnn_matches_varlen_forward_and_backward_in_bf16(record_property):
 
 
 def test_cudnn_time_at_new_lengths_against_known_ones(record_property):
-    """cuDNN builds (on the host) one graph per sequence length, forward and backward, at a length's
-    first call; an RL phase meets new lengths all the time. Recorded, not asserted: the milliseconds
-    of one forward + backward of 2 sequences at lengths never seen, and of the same call again."""
+    """cuDNN builds (on the host) one graph per shape, forward and backward, at its first call; an RL
+    phase meets new lengths all the time, which the backend pads to a multiple of CUDNN_LENGTH_BUCKET.
+    Recorded, not asserted: the milliseconds of one forward + backward of 2 sequences in buckets never
+    seen, of 2 new lengths in those buckets (in a row of another total length), and of the latter again."""
     backend = make_backend("cudnn")
     _forward_backward(backend, *_inputs([3001, 2999], seed=1))  # the grouped-heads decision and warm-up
     times = {}
-    for label in ("new_lengths_ms", "known_lengths_ms"):
-        inputs = _inputs([4093, 4099], seed=2)
+    for label, lens in (("new_buckets_ms", [4093, 4099]), ("new_lengths_known_buckets_ms", [4090, 4105]),
+                        ("known_lengths_ms", [4090, 4105])):
+        inputs = _inputs(lens, seed=2)
         torch.cuda.synchronize()
         start = time.perf_counter()
         _forward_backward(backend, *inputs)

@@ -75,7 +75,7 @@ def test_trainer_loop_runs_checkpoints_and_resumes_on_gpu(tmp_path, gpu_model_di
     (tmp_path / "b").mkdir()
     straight = Trainer(load_config(_config(tmp_path / "a", gpu_model_dir, prompt_file)))
     assert straight.runtime.compute_dtype == torch.bfloat16
-    assert straight.models.actor.attn_backend == "varlen"  # chosen for bf16 compute, not the fp32 masters
+    assert straight.models.actor.attn_backend == "by_length"  # chosen for bf16 compute, not the fp32 masters
     expected = _rows(straight.fit())
     assert [r["step"] for r in expected] == [1, 2, 3]
     assert all(r["num_rl_tokens"] > 0 and r["rl_loss"] == r["rl_loss"] for r in expected)  # trained, finite
