@@ -10,7 +10,7 @@ Providers:
   sdpa_flash    the decoder's "sdpa" backend (per sequence, grouped heads native) with SDPA's flash
                 kernel forced
   sdpa_efficient  the same with the memory-efficient kernel forced
-Cases: 2 sequences of L tokens, L in {1024, 2048, 4096, 16384}. extra_info: "tflops", the causal FLOPs of forward
+Cases: 2 sequences of L tokens, L in {1024, 2048, 4096, 8192, 16384}. extra_info: "tflops", the causal FLOPs of forward
 and backward, 3.5 x 4 x head_dim x heads x sum n (n + 1) / 2 (rl_shapes.py counts the same), over
 the median time; "max_abs_diff", the largest |out - varlen out| and |dq - varlen dq| over the
 call's outputs, on the same random inputs.
@@ -28,7 +28,7 @@ from rl_shapes import DEVICE, QWEN25_05B
 
 from oreal_fast.model.attention import make_backend, sdpa_attention
 
-LENGTHS = {"L1024": 1024, "L2048": 2048, "L4096": 4096, "L16384": 16384}
+LENGTHS = {"L1024": 1024, "L2048": 2048, "L4096": 4096, "L8192": 8192, "L16384": 16384}
 SDPA_PEERS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}
 PROVIDERS = ("varlen", "cudnn", *SDPA_PEERS)
 

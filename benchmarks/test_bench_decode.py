@@ -4,9 +4,9 @@ init, bf16, CUDA graphs on).
 Run: `pytest benchmarks/test_bench_decode.py --benchmark-only` (CUDA only).
 Cases `B{batch}-C{context}`: 1@128, 16@128, 64@128, 256@128, 256@2048 and 64@8192 at the engine's
 default `decode_steps_per_round`; `-D{d}` cases at 1@128 and 256@128 with d = 1, 4, 32; `-G16` cases
-at 1, 4 and 16 @128 with the few-token GEMV layers on (`gemv_max_tokens` 16); `-P` cases at 1@128 (the
-default GEMV threshold) and 4@128 (`-G16`) with those layers' kernels launched with programmatic
-dependent launch (`gemv_pdl`, Hopper and later). The `-D`, `-G` and `-P`
+at 1, 4 and 16 @128 with the few-token GEMV layers on (`gemv_max_tokens` 16); `-noP` cases at 1@128
+(the default GEMV threshold) and 4@128 (`-G16`) with those layers' kernels launched plainly, not with
+programmatic dependent launch (`gemv_pdl`, the default on Hopper and later). The `-D`, `-G` and `-noP`
 cases run only where `EngineConfig` has that key, so the file also runs against engines from before it. Each of
 the `batch` rows has its own random prompt of `context` tokens (no shared prefix: every step reads
 every row's KV), top-p 0.9, no stop token. Only the public engine API is used.
@@ -60,7 +60,7 @@ ROUNDS = 7
 GRID = [(1, 128), (16, 128), (64, 128), (256, 128), (256, 2048), (64, 8192)]
 # (batch, context, steps per round, gemv_max_tokens, gemv_pdl): None = the engine's default
 CASES = ([(b, c, None, None, None) for b, c in GRID] + [(b, 128, d, None, None) for b in (1, 256) for d in (1, 4, 32)]
-         + [(b, 128, None, 16, None) for b in (1, 4, 16)] + [(1, 128, None, None, True), (4, 128, None, 16, True)])
+         + [(b, 128, None, 16, None) for b in (1, 4, 16)] + [(1, 128, None, None, False), (4, 128, None, 16, False)])
 HAS_ROUNDS = "decode_steps_per_round" in EngineConfig.__dataclass_fields__
 HAS_GEMV = "gemv_max_tokens" in EngineConfig.__dataclass_fields__
 HAS_PDL = "gemv_pdl" in EngineConfig.__dataclass_fields__
@@ -175,7 +175,7 @@ def free_memory() -> None:
 
 
 @pytest.mark.parametrize("batch, context, steps_per_round, gemv, pdl", CASES,
-                         ids=[f"B{b}-C{c}" + (f"-D{d}" if d else "") + (f"-G{g}" if g else "") + ("-P" if p else "")
+                         ids=[f"B{b}-C{c}" + (f"-D{d}" if d else "") + (f"-G{g}" if g else "") + ("-noP" if p is False else "")
                               for b, c, d, g, p in CASES])
 def test_decode_step(benchmark, model, copy_gbps, batch, context, steps_per_round, gemv, pdl):
     if steps_per_round is not None and not HAS_ROUNDS:

@@ -88,7 +88,7 @@ kernel boundary costs less than a launch. Every kernel launched so waits, so a k
 only after all before it did: reads of outputs two kernels back stay ordered. A layer's kernels
 so launched give the plain launches' outputs bit for bit on an H100, and since rope and the K/V
 write are in the q|k|v kernel so do the engine's tokens (before, they changed: docs/kernels.md).
-The engine keeps it off until its speed is measured.
+The engine launches them so wherever the device has it (`EngineConfig.gemv_pdl`).
 
 Limits: the activations are re-read by every program, programs x T x (prologue bytes) from L2:
 6.4 MB at T = 1 for gate|up, 100 MB at T = 16 (three times its weights), and the tokens run in

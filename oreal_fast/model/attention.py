@@ -23,8 +23,10 @@ result up to rounding, which the tests check against each other.
   12.5 ms at 2 x 16384 and about the same at 2 x 4096 (benchmarks/test_bench_attention.py). It costs
   one SDPA call per sequence and layer. cuDNN builds a graph per shape on the host (on an H100 about
   0.3 s for the forward and backward of two new lengths, against 2 ms once built), so each sequence
-  is padded with zero rows to a multiple of `CUDNN_LENGTH_BUCKET` tokens: a run builds at most one
-  graph pair per bucket, and the padding adds under 256 rows of causal work a sequence.
+  is padded with zero rows to a multiple of `CUDNN_LENGTH_BUCKET` tokens: a run builds at most two
+  graph pairs per bucket (padded, and a length already on a bucket), and the padding adds under 256
+  rows of causal work a sequence. The strides cuDNN sees depend on the bucket and the heads alone,
+  never on the packed row's length.
   For the backward it keeps, as "sdpa" does, one [T, Hq, D] tensor a layer more than "varlen" (the
   per-sequence outputs and their packed copy), and K and V at the query heads where it expands them.
 - "by_length", what "auto" picks on CUDA with bf16/fp16: "cudnn" for a row whose longest sequence
@@ -104,24 +106,28 @@ def sdpa_attention(
 def _make_cudnn_backend() -> AttentionBackend:
     native_gqa: bool | None = None  # None until the first call with grouped heads tries cuDNN's own
 
-    def attend_one(qi: torch.Tensor, ki: torch.Tensor, vi: torch.Tensor, enable_gqa: bool) -> torch.Tensor:
-        n = qi.shape[2]
+    def attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enable_gqa: bool) -> torch.Tensor:
+        """One sequence: q [n, Hq, D], k and v [n, Hkv, D] -> [n, Hq, D]."""
+        n = q.shape[0]
         if n == 1:
             # cuDNN refuses a key length of 1; a lone token attends to itself only: its output is its
             # value, exactly (softmax of one score is 1), and the gradient flows to v alone.
-            return vi.repeat_interleave(qi.shape[1] // vi.shape[1], dim=1)
-        # Zero rows after the sequence, up to the bucket: causal queries never see them, so the first
-        # n outputs are the sequence's own; the copies are contiguous, so the graph's shape and
-        # strides depend on the bucket alone.
-        pad = (0, 0, 0, -n % CUDNN_LENGTH_BUCKET)
-        out = F.scaled_dot_product_attention(*(F.pad(x, pad).contiguous() for x in (qi, ki, vi)),
+            return v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+        pad = -n % CUDNN_LENGTH_BUCKET
+        if pad:
+            # zero rows after the sequence, up to the bucket: causal queries never see them, so the
+            # first n outputs are the sequence's own. Padded in the packed [n, H, D] layout, the one
+            # cuDNN is fast in (a (1, H, n, D) contiguous copy runs a slower kernel).
+            q, k, v = (F.pad(x, (0, 0, 0, 0, 0, pad)) for x in (q, k, v))
+        out = F.scaled_dot_product_attention(*(x.transpose(0, 1).unsqueeze(0) for x in (q, k, v)),
                                              is_causal=True, enable_gqa=enable_gqa)
-        return out[:, :, :n]
+        return out.squeeze(0).transpose(0, 1)[:n]
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: tuple[int, ...],
                enable_gqa: bool) -> torch.Tensor:
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            return _per_sequence(q, k, v, bounds, lambda qi, ki, vi: attend_one(qi, ki, vi, enable_gqa))
+            return torch.cat([attend_one(q[start:end], k[start:end], v[start:end], enable_gqa)
+                              for start, end in zip(bounds[:-1], bounds[1:])], dim=0)
 
     def cudnn_attention(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,

@@ -98,9 +98,10 @@ class EngineConfig:
     # (decode step 1.01 vs 1.13 GPU ms on an H100) and lose from four on (benchmarks/RESULTS.md)
     gemv_max_tokens: int = 1
     # the GEMV layers' kernels, and the decode attention's between them, launch with programmatic
-    # dependent launch (Hopper and later): each loads its weights while the kernel before it
-    # finishes. Off until its speed is measured (its tokens: docs/kernels.md)
-    gemv_pdl: bool = False
+    # dependent launch: each loads its weights while the kernel before it finishes. None: where the
+    # device has it (Hopper and later; on an H100 the batch-1 step took 0.793 GPU ms with it, 0.862
+    # without, same tokens: benchmarks/RESULTS.md); True: required; False: off
+    gemv_pdl: bool | None = None
 
     def __post_init__(self) -> None:
         if self.decode_steps_per_round < 1:

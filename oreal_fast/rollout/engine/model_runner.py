@@ -78,7 +78,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from oreal_fast.kernels.common import check_pdl
+from oreal_fast.kernels.common import check_pdl, pdl_available
 from oreal_fast.kernels.decode_tail import decode_slots, decode_tail
 from oreal_fast.kernels.paged_attention import paged_decode_attention
 from oreal_fast.kernels.sampling import sample_with_logprobs, token_logprobs
@@ -174,12 +174,13 @@ class ModelRunner:
         steps_per_round: the most decode steps of one round.
         gemv_max_tokens: forwards of at most this many tokens (decode buckets, small prefills) run
             the weight copy's few-token GEMV layers on CUDA (`InferenceModel`); 0 never does.
-        gemv_pdl: those layers' kernels launch with programmatic dependent launch.
+        gemv_pdl: those layers' kernels launch with programmatic dependent launch; None: where
+            the device has it (`kernels.common.pdl_available`).
     """
 
     def __init__(self, actor: Decoder, *, dtype: torch.dtype, num_blocks: int, block_size: int,
                  max_num_seqs: int, max_model_len: int, cuda_graph: bool, steps_per_round: int,
-                 gemv_max_tokens: int, gemv_pdl: bool) -> None:
+                 gemv_max_tokens: int, gemv_pdl: bool | None) -> None:
         device = actor.embed.weight.device
         self.device, self.dtype, self.block_size = device, dtype, block_size
         self.num_blocks, self.max_num_seqs = num_blocks, max_num_seqs
@@ -196,6 +197,7 @@ class ModelRunner:
         if max_model_len > max_rope_positions(c):
             raise ValueError(f"max_model_len {max_model_len} exceeds the {max_rope_positions(c)} positions "
                              f"of the model's rope table")
+        gemv_pdl = pdl_available(device) if gemv_pdl is None else gemv_pdl
         check_pdl("gemv_pdl", gemv_pdl, device)
         # on CUDA the copy's elementwise ops are Triton kernels (forward only), elsewhere their eager twins
         self.model = InferenceModel(c, device=device, dtype=dtype, impl=self.attn_impl,
