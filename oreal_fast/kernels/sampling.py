@@ -28,14 +28,19 @@ sorting. Four kernels, the row cut into chunks of `chunk` tokens:
    budget tokens). The bracket is only a guess; nothing below relies on it being right.
 3. compact, grid (B, chunks), sweep 2: per chunk the exact mass of its tokens x >= U, and every
    token in [L, U) appended (value, index) to the row's buffer of `cap` slots.
-4. draw, grid (B,): the exact threshold from the buffer (bisection on the fp32 bit pattern, so
-   ties are whole values), the number of tied tokens the official rule keeps, and then a check
-   that the bracket held it: for top-p, mass(x >= U) < top_p * S <= mass(x >= L); for top-k,
-   at least k tokens buffered; no overflow. If the check holds, the chunk holding the draw
-   follows from the per-chunk masses (x >= U) plus the buffered kept tokens, and one scan of that
-   chunk finds the token. If not, the program runs the search-based sampler on its row (several
-   more sweeps: `_search_token`), which needs no bracket. With neither filter, plan and compact
-   do not run and draw picks the chunk from s_c.
+4. draw, grid (B,): the exact threshold from the buffer (a search on the fp32 bit pattern, so
+   ties are whole values), the number of tied tokens the official rule keeps and the index of
+   the last one kept, and then a check that the bracket held the threshold: for top-p,
+   mass(x >= U) < top_p * S <= mass(x >= L); for top-k, at least k tokens buffered; no
+   overflow. If the check holds, the chunk holding the draw follows from the per-chunk masses
+   (x >= U) plus the buffered kept tokens, and one scan of that chunk finds the token. If not,
+   the program runs the search-based sampler on its row (several more sweeps: `_search_token`),
+   which needs no bracket. With neither filter, plan and compact do not run and draw picks the
+   chunk from s_c. The three searches (threshold key, tie index, chunk) are multi-way: a pass
+   evaluates `draw_pivots` pivots in one reduction and keeps the part between two of them; the
+   key and index searches start from the buffered keys' (indices') own range and snap both ends
+   to buffered values after each pass, so they end when one value is left (bf16 keys are
+   multiples of 2^16 apart: a few dozen buffered values take two passes).
 
 Log-probs (`sample_with_logprobs`): each token's log-prob under the model's unmodified
 distribution, log_softmax(logits.float())[token] at temperature 1 before any filter: the
@@ -54,6 +59,11 @@ Budget (B rows of V logits, bf16 in the engine): sweeps 1 and 2 each read the lo
 token, sweep 1 does one exp2 and a histogram update (about 40 instructions per 32 tokens for 64
 bins), sweep 2 one exp2, two compares and, for chunks holding bracket tokens, a prefix sum.
 Draw reads the buffered tokens (at most `cap` per row, 8 bytes each) and one chunk of logits.
+Plan and draw run one program per row, so at small B their latency is their chains of block-wide
+reductions: plan reads each chunk's histogram once at the NB bin edges ([chunks, NB] gathers) and
+needs about 10 reductions; draw about 20 for a bf16 top-p row (two passes of two reductions for
+the key, about three for the tie index, two of two for the chunk, the scan), each pass's pivot
+test costing draw_pivots x cap compares.
 All sums, maxima and masses are fp32; counts are exact in fp32 below 2^24 > V. Allocated per call:
 [B, chunks] fp32 statistics, [B, chunks, num_bins] int32 histograms, [B, cap] fp32 values and
 int32 indices (16 MiB at B = 256 on CUDA), the [B] int64 output: no [B, V] tensor, no host sync,
@@ -774,7 +784,7 @@ def _draw_kernel(
             if TOP_K or TOP_P:
                 last = tl.maximum(last, tl.max(tl.where(wk > 0.0, ids // CHUNK, -1), 0))
             cc = tl.maximum(last, 0)
-            before = -_INF
+            before = tl.full([], -float("inf"), tl.float32)  # no prefix exceeds target_u
         offs = cc * CHUNK + tl.arange(0, CHUNK)
         x = tl.load(row_ptr + offs, mask=offs < V, other=-float("inf")).to(tl.float32)
         xk = _key(x)
