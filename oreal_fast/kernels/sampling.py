@@ -550,9 +550,9 @@ def _plan_kernel(
         above = tl.cumsum(mass, 0) - mass
         js = tl.min(tl.where(live & (above + mass >= target), J, NB - 1), 0)
         # every value at bin js in one reduction (the bin's width is a function of js)
-        a_s, m_s, gs, n_s, G_s, _ = _pick6(J == js, J == js, above, mass, g, n_top, G, G)
+        above_s, m_s, gs, n_s, G_s, _ = _pick6(J == js, J == js, above, mass, g, n_top, G, G)
         ws = (_edge(js + 1, LP) - _edge(js, LP)) / units
-        f = (target - a_s) / tl.maximum(m_s, 1e-30)
+        f = (target - above_s) / tl.maximum(m_s, 1e-30)
         v = _ramp_inverse(gs - 1.0, tl.minimum(tl.maximum(f, 0.0), 1.0), ws)
         p0 = n_s + G_s * _ramp(gs, v) / _ramp(gs, ws)
         p0 = tl.where(js < NB - 1, p0, n_all)
