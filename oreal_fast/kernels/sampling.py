@@ -28,14 +28,19 @@ sorting. Four kernels, the row cut into chunks of `chunk` tokens:
    budget tokens). The bracket is only a guess; nothing below relies on it being right.
 3. compact, grid (B, chunks), sweep 2: per chunk the exact mass of its tokens x >= U, and every
    token in [L, U) appended (value, index) to the row's buffer of `cap` slots.
-4. draw, grid (B,): the exact threshold from the buffer (bisection on the fp32 bit pattern, so
-   ties are whole values), the number of tied tokens the official rule keeps, and then a check
-   that the bracket held it: for top-p, mass(x >= U) < top_p * S <= mass(x >= L); for top-k,
-   at least k tokens buffered; no overflow. If the check holds, the chunk holding the draw
-   follows from the per-chunk masses (x >= U) plus the buffered kept tokens, and one scan of that
-   chunk finds the token. If not, the program runs the search-based sampler on its row (several
-   more sweeps: `_search_token`), which needs no bracket. With neither filter, plan and compact
-   do not run and draw picks the chunk from s_c.
+4. draw, grid (B,): the exact threshold from the buffer (a search on the fp32 bit pattern, so
+   ties are whole values), the number of tied tokens the official rule keeps and the index of
+   the last one kept, and then a check that the bracket held the threshold: for top-p,
+   mass(x >= U) < top_p * S <= mass(x >= L); for top-k, at least k tokens buffered; no
+   overflow. If the check holds, the chunk holding the draw follows from the per-chunk masses
+   (x >= U) plus the buffered kept tokens, and one scan of that chunk finds the token. If not,
+   the program runs the search-based sampler on its row (several more sweeps: `_search_token`),
+   which needs no bracket. With neither filter, plan and compact do not run and draw picks the
+   chunk from s_c. The three searches (threshold key, tie index, chunk) are multi-way: a pass
+   evaluates `draw_pivots` pivots in one reduction and keeps the part between two of them; the
+   key and index searches start from the buffered keys' (indices') own range and snap both ends
+   to buffered values after each pass, so they end when one value is left (bf16 keys are
+   multiples of 2^16 apart: a few dozen buffered values take two passes).
 
 Log-probs (`sample_with_logprobs`): each token's log-prob under the model's unmodified
 distribution, log_softmax(logits.float())[token] at temperature 1 before any filter: the
@@ -54,6 +59,11 @@ Budget (B rows of V logits, bf16 in the engine): sweeps 1 and 2 each read the lo
 token, sweep 1 does one exp2 and a histogram update (about 40 instructions per 32 tokens for 64
 bins), sweep 2 one exp2, two compares and, for chunks holding bracket tokens, a prefix sum.
 Draw reads the buffered tokens (at most `cap` per row, 8 bytes each) and one chunk of logits.
+Plan and draw run one program per row, so at small B their latency is their chains of block-wide
+reductions: plan reads each chunk's histogram once at the NB bin edges ([chunks, NB] gathers) and
+needs about 10 reductions; draw about 20 for a bf16 top-p row (two passes of two reductions for
+the key, about three for the tie index, two of two for the chunk, the scan), each pass's pivot
+test costing draw_pivots x cap compares.
 All sums, maxima and masses are fp32; counts are exact in fp32 below 2^24 > V. Allocated per call:
 [B, chunks] fp32 statistics, [B, chunks, num_bins] int32 histograms, [B, cap] fp32 values and
 int32 indices (16 MiB at B = 256 on CUDA), the [B] int64 output: no [B, V] tensor, no host sync,
@@ -108,7 +118,12 @@ class _Config:
     # bins_per_doubling * (2^(num_bins / bins_per_doubling) - 1) units deep
     units_per_log2: float
     sweep_warps: int
+    plan_warps: int
     draw_warps: int
+    # pivots per pass of the draw kernel's multi-way searches (a power of two): each pass is one
+    # [draw_pivots, cap] reduction and narrows its range (of keys, tie indices or chunks) to
+    # 1 / (draw_pivots + 1)
+    draw_pivots: int
 
     @property
     def log2_bins_per_doubling(self) -> int:
@@ -126,11 +141,11 @@ def _chunks_pad(num_chunks: int) -> int:
 # bins and 2000 tokens a side, 1 row in 320 fell back (32 bins: about one in 6 of the hardest).
 # The buffer's keys, indices and weights must fit in registers: 8192 slots take 96 KiB.
 _CUDA = _Config(chunk=8192, num_bins=64, bins_per_doubling=8, budget=2000, cap=8192,
-                units_per_log2=32.0, sweep_warps=8, draw_warps=16)
+                units_per_log2=32.0, sweep_warps=8, plan_warps=4, draw_warps=16, draw_pivots=8)
 # The interpreter gets a small buffer and a narrow bracket (24 tokens a side), so the CPU tests
 # check the estimate as well as the exact parts.
 _INTERPRET = _Config(chunk=0, num_bins=64, bins_per_doubling=8, budget=24, cap=128,
-                     units_per_log2=32.0, sweep_warps=1, draw_warps=1)
+                     units_per_log2=32.0, sweep_warps=1, plan_warps=1, draw_warps=1, draw_pivots=8)
 # The interpreter cuts each row into about this many chunks, whatever V: the CPU tests cross
 # chunk boundaries at every V and stay fast.
 _INTERPRET_CHUNKS = 4
@@ -182,12 +197,6 @@ def _edge(j, LP: tl.constexpr):
     """Depth (fine units, fp32) of the top edge of bin j (j >= 0; j = NB is the bottom of NB - 1)."""
     per = 1 << LP
     return (((per + (j & (per - 1))) << (j >> LP)) - per).to(tl.float32)
-
-
-@triton.jit
-def _pick(vec, idx, at):
-    """vec[at] for a scalar index `at` of a 1-D tensor whose indices are `idx`."""
-    return tl.sum(tl.where(idx == at, vec, 0.0), 0)
 
 
 # ----------------------------------------------------------------------------- fallback search
@@ -458,6 +467,39 @@ def _ramp_inverse(g, f, w):
 
 
 @triton.jit
+def _add2(a0, b0, a1, b1):
+    return a0 + a1, b0 + b1
+
+
+@triton.jit
+def _min2(a0, b0, a1, b1):
+    return tl.minimum(a0, a1), tl.minimum(b0, b1)
+
+
+@triton.jit
+def _add6(a0, b0, c0, d0, e0, f0, a1, b1, c1, d1, e1, f1):
+    return a0 + a1, b0 + b1, c0 + c1, d0 + d1, e0 + e1, f0 + f1
+
+
+@triton.jit
+def _pick6(at_a, at_b, u, v, w, x, y, z):
+    """u, v, w at the one position where at_a holds and x, y, z where at_b holds, in one
+    reduction (each a sum of one entry and zeros: exact)."""
+    return tl.reduce((tl.where(at_a, u, 0.0), tl.where(at_a, v, 0.0), tl.where(at_a, w, 0.0),
+                      tl.where(at_b, x, 0.0), tl.where(at_b, y, 0.0), tl.where(at_b, z, 0.0)), 0, _add6)
+
+
+@triton.jit
+def _depth_at(p, j, n_j, G_j, g_j, units, LP: tl.constexpr):
+    """Depth (log2 units) where the estimated count above reaches p inside bin j, which has
+    n_j tokens above it, G_j in it and density slope g_j."""
+    f = (p - n_j) / tl.maximum(G_j, 1e-30)
+    a_j = _edge(j, LP) / units
+    w_j = (_edge(j + 1, LP) - _edge(j, LP)) / units
+    return a_j + _ramp_inverse(g_j, tl.minimum(tl.maximum(f, 0.0), 1.0), w_j)
+
+
+@triton.jit
 def _plan_kernel(
     Mc_ptr, Sc_ptr, Cum_ptr, Plan_ptr, num_chunks, c2, c2r, units, top_k, top_p, budget,
     TOP_K: tl.constexpr, NB: tl.constexpr, LP: tl.constexpr, C_PAD: tl.constexpr,
@@ -474,14 +516,16 @@ def _plan_kernel(
     shift = (ref - ref_c) * c2r  # each chunk's max lies this deep below the row max
     cum_row = Cum_ptr + row.to(tl.int64) * num_chunks * NB
 
-    # Estimated counts per bin of depth below the row max (bin NB - 1 is beyond the histogram),
-    # and of its neighbours, for the slope of the log-linear density.
+    # Estimated count above each bin's top edge; the bins' counts and their neighbours' (for the
+    # slope of the log-linear density) are differences of neighbouring entries of this one vector.
+    # Entries past NB - 1 are clamped: they only feed bin NB - 1 (not live) and the lower
+    # neighbour of bin NB - 2 (which has none: dens_down = dens there).
     J = tl.arange(0, NB)
     live = J < NB - 1
     n_top = _count_above(cum_row, c, c_ok, shift, _edge(J, LP), NB, LP)
-    n_bot = _count_above(cum_row, c, c_ok, shift, _edge(J + 1, LP), NB, LP)
-    n_up = _count_above(cum_row, c, c_ok, shift, _edge(tl.maximum(J - 1, 0), LP), NB, LP)
-    n_down = _count_above(cum_row, c, c_ok, shift, _edge(J + 2, LP), NB, LP)
+    n_bot = tl.gather(n_top, tl.minimum(J + 1, NB - 1), 0)
+    n_up = tl.gather(n_top, tl.maximum(J - 1, 0), 0)
+    n_down = tl.gather(n_top, tl.minimum(J + 2, NB - 1), 0)
     G = tl.where(live, n_bot - n_top, 0.0)
     a = _edge(J, LP) / units  # bin J spans depths [a, a + w] in log2 units of weight
     w = (_edge(J + 1, LP) - _edge(J, LP)) / units
@@ -495,7 +539,7 @@ def _plan_kernel(
     g = tl.minimum(tl.maximum((dens_down - dens_up) / span, -_MAX_SLOPE), _MAX_SLOPE)
     # A bin's tokens have density ~ 2^(g v), v = depth - a, and weight 2^-(a + v).
     mass = G * tl.exp2(-a) * _ramp(g - 1.0, w) / _ramp(g, w)
-    est = tl.sum(mass, 0)
+    est, n_all = tl.reduce((mass, G), 0, _add2)
     mass = mass * tl.where(est > 0.0, S / est, 1.0)
 
     if TOP_K:
@@ -505,26 +549,22 @@ def _plan_kernel(
         target = top_p * S
         above = tl.cumsum(mass, 0) - mass
         js = tl.min(tl.where(live & (above + mass >= target), J, NB - 1), 0)
-        f = (target - _pick(above, J, js)) / tl.maximum(_pick(mass, J, js), 1e-30)
-        gs = _pick(g, J, js)
-        ws = _pick(w, J, js)
+        # every value at bin js in one reduction (the bin's width is a function of js)
+        above_s, m_s, gs, n_s, G_s, _ = _pick6(J == js, J == js, above, mass, g, n_top, G, G)
+        ws = (_edge(js + 1, LP) - _edge(js, LP)) / units
+        f = (target - above_s) / tl.maximum(m_s, 1e-30)
         v = _ramp_inverse(gs - 1.0, tl.minimum(tl.maximum(f, 0.0), 1.0), ws)
-        p0 = _pick(n_top, J, js) + _pick(G, J, js) * _ramp(gs, v) / _ramp(gs, ws)
-        p0 = tl.where(js < NB - 1, p0, tl.sum(G, 0))
+        p0 = n_s + G_s * _ramp(gs, v) / _ramp(gs, ws)
+        p0 = tl.where(js < NB - 1, p0, n_all)
         p_lo = p0 + budget
         p_hi = p0 - budget
 
-    # Depth where the estimated count above reaches p (the histogram's bottom if never).
-    jl = tl.min(tl.where(live & (n_bot > p_lo), J, NB - 1), 0)
-    fl = (p_lo - _pick(n_top, J, jl)) / tl.maximum(_pick(G, J, jl), 1e-30)
-    gl = _pick(g, J, jl)
-    wl = _pick(w, J, jl)
-    d_lo = _pick(a, J, jl) + _ramp_inverse(gl, tl.minimum(tl.maximum(fl, 0.0), 1.0), wl)
-    jh = tl.min(tl.where(live & (n_bot > p_hi), J, NB - 1), 0)
-    fh = (p_hi - _pick(n_top, J, jh)) / tl.maximum(_pick(G, J, jh), 1e-30)
-    gh = _pick(g, J, jh)
-    wh = _pick(w, J, jh)
-    d_hi = _pick(a, J, jh) + _ramp_inverse(gh, tl.minimum(tl.maximum(fh, 0.0), 1.0), wh)
+    # Depths where the estimated count above reaches p_lo and p_hi (the histogram's bottom if never).
+    jl, jh = tl.reduce((tl.where(live & (n_bot > p_lo), J, NB - 1),
+                        tl.where(live & (n_bot > p_hi), J, NB - 1)), 0, _min2)
+    nl, Gl, gl, nh, Gh, gh = _pick6(J == jl, J == jh, n_top, G, g, n_top, G, g)
+    d_lo = _depth_at(p_lo, jl, nl, Gl, gl, units, LP)
+    d_hi = _depth_at(p_hi, jh, nh, Gh, gh, units, LP)
     lo = ref - d_lo * units / c2r
     hi = tl.where(p_hi > 0.0, ref - d_hi * units / c2r, _INF)
     tl.store(Plan_ptr + row * 4, ref)
@@ -569,14 +609,13 @@ def _compact_kernel(
 
 
 @triton.jit
-def _token_logprob(row_ptr, token, Mc_ptr, S1_ptr, row, num_chunks, C_PAD: tl.constexpr):
-    """log_softmax(x)[token] at temperature 1, from sweep 1's chunk maxima m_c and chunk masses
-    s1_c = sum exp(x - m_c): logsumexp = m + log(sum_c s1_c exp(m_c - m))."""
+def _token_logprob(row_ptr, token, m, Mc_ptr, S1_ptr, row, num_chunks, C_PAD: tl.constexpr):
+    """log_softmax(x)[token] at temperature 1, from the row max m, sweep 1's chunk maxima m_c and
+    chunk masses s1_c = sum exp(x - m_c): logsumexp = m + log(sum_c s1_c exp(m_c - m))."""
     c = tl.arange(0, C_PAD)
     c_ok = c < num_chunks
     m_c = tl.load(Mc_ptr + row * num_chunks + c, mask=c_ok, other=-float("inf"))
     s_c = tl.load(S1_ptr + row * num_chunks + c, mask=c_ok, other=0.0)
-    m = tl.max(m_c, 0)
     # an all -inf chunk holds no mass (s1_c = 0); any finite shift keeps its term 0
     ref_c = tl.where(m_c > -float("inf"), m_c, m)
     mass = tl.sum(s_c * tl.exp2((ref_c - m) * _LOG2E_TL), 0)
@@ -585,37 +624,69 @@ def _token_logprob(row_ptr, token, Mc_ptr, S1_ptr, row, num_chunks, C_PAD: tl.co
 
 
 @triton.jit
-def _bisect_key(key, wts, target):
-    """The largest int32 k with sum(wts where key >= k) >= target, for 0 < target <= sum(wts):
-    a key of a token of positive weight, as int64 (the bracket [lo, hi) spans 2^32)."""
-    lo = tl.full([], -(2**31), tl.int64)
-    hi = tl.full([], 2**31, tl.int64)
-    for _ in range(32):
-        mid = (lo + hi) >> 1
-        big = tl.sum(tl.where(key >= mid, wts, 0.0), 0) >= target
-        lo = tl.where(big, mid, lo)
-        hi = tl.where(big, hi, mid)
+def _min_max(a0, b0, a1, b1):
+    return tl.minimum(a0, a1), tl.maximum(b0, b1)
+
+
+@triton.jit
+def _add_min_max(s0, a0, b0, s1, a1, b1):
+    return s0 + s1, tl.minimum(a0, a1), tl.maximum(b0, b1)
+
+
+@triton.jit
+def _add_add_min_max(s0, t0, a0, b0, s1, t1, a1, b1):
+    return s0 + s1, t0 + t1, tl.minimum(a0, a1), tl.maximum(b0, b1)
+
+
+@triton.jit
+def _key_range(key, live):
+    """(smallest, largest) int32 key where live, in one reduction; (2^31 - 1, -2^31) if none."""
+    return tl.reduce((tl.where(live, key, 2**31 - 1), tl.where(live, key, -(2**31))), 0, _min_max)
+
+
+@triton.jit
+def _sum_key_range(wts, key):
+    """sum(wts) and the smallest and largest key of positive weight, in one reduction."""
+    live = wts > 0.0
+    return tl.reduce((wts, tl.where(live, key, 2**31 - 1), tl.where(live, key, -(2**31))), 0,
+                     _add_min_max)
+
+
+@triton.jit
+def _select_key(key, wts, target, lo, hi, P: tl.constexpr):
+    """The largest int32 k with W(k) = sum(wts where key >= k) >= target, given lo <= k <= hi
+    with lo and hi keys of positive weight (W(lo) >= target > W(hi + 1)).
+
+    Each pass evaluates W at P pivots spread over [lo, hi] in one [P, n] reduction, keeps the
+    keys from the last pivot that reaches target to the one before the first that does not, and
+    snaps both ends to keys of positive weight (one more reduction). It ends when one key is
+    left: after at most log_(P+1) of the key range passes, and fewer when the keys are sparse
+    (bf16 logits: their keys are multiples of 2^16, so a few dozen values take two passes).
+    W is a masked sum of the same tree for every pivot, so it never increases with the pivot
+    (fp32 addition of non-negative terms is monotone) and the kept pivots are a prefix.
+    """
+    j = tl.arange(0, P)
+    live = wts > 0.0
+    while lo < hi:
+        lo64 = lo.to(tl.int64)
+        q = (lo64 + ((hi.to(tl.int64) - lo64 + 1) * (j + 1)) // (P + 1)).to(tl.int32)  # [P] in [lo, hi]
+        reach = tl.sum(tl.where(key[None, :] >= q[:, None], wts[None, :], 0.0), 1) >= target
+        new_lo = tl.max(tl.where(reach, q, lo), 0)
+        # >= new_lo: fp32 round-off between W(lo) here and the caller's check must not empty it
+        new_hi = tl.maximum(tl.min(tl.where(reach, hi, q - 1), 0), new_lo)
+        a, b = _key_range(key, live & (key >= new_lo) & (key <= new_hi))
+        lo = tl.where(a <= b, a, new_lo)
+        hi = tl.where(a <= b, b, new_lo)
     return lo
 
 
 @triton.jit
-def _nth_index(ids, tied, num, V, ITERS: tl.constexpr):
-    """The num-th smallest index among the tied tokens (num >= 1 and at most their count)."""
-    lo = tl.full([], 0, tl.int32)
-    hi = tl.full([], 0, tl.int32) + V - 1
-    for _ in range(ITERS):
-        mid = (lo + hi) >> 1
-        enough = tl.sum((tied & (ids <= mid)).to(tl.float32), 0) >= num
-        hi = tl.where((lo < hi) & enough, mid, hi)
-        lo = tl.where((lo < hi) & ~enough, mid + 1, lo)
-    return lo
-
-
-@triton.jit
-def _mass_through(cc, c, above_c, ids, wk, CHUNK: tl.constexpr):
-    """Kept mass of chunks 0..cc: their tokens above the bracket plus the buffered kept ones."""
-    return (tl.sum(tl.where(c <= cc, above_c, 0.0), 0)
-            + tl.sum(tl.where(ids < (cc + 1) * CHUNK, wk, 0.0), 0))
+def _tie_stats(key, w, ids, live, t_key):
+    """The buffer's mass above the key t_key, its count of tokens at t_key, and the smallest and
+    largest index among them, in one reduction."""
+    tied = live & (key == t_key)
+    return tl.reduce((tl.where(key > t_key, w, 0.0), tied.to(tl.float32), tl.where(tied, ids, 2**31 - 1),
+                      tl.where(tied, ids, -1)), 0, _add_add_min_max)
 
 
 @triton.jit
@@ -623,9 +694,7 @@ def _draw_kernel(
     X_ptr, U_ptr, Out_ptr, Ok_ptr, Lp_ptr, Mc_ptr, Sc_ptr, S1_ptr, Plan_ptr, Above_ptr, Cnt_ptr,
     Xs_ptr, Ids_ptr, V, stride_xb, num_chunks, c2, top_k, top_p,
     TOP_K: tl.constexpr, TOP_P: tl.constexpr, LOGPROBS: tl.constexpr, CHUNK: tl.constexpr,
-    C_PAD: tl.constexpr,
-    CAP: tl.constexpr, CHUNK_ITERS: tl.constexpr, INDEX_ITERS: tl.constexpr, NV: tl.constexpr,
-    NK: tl.constexpr,
+    C_PAD: tl.constexpr, CAP: tl.constexpr, P: tl.constexpr, NV: tl.constexpr, NK: tl.constexpr,
     BLOCK: tl.constexpr, DRAW_BLOCK: tl.constexpr, MAX_PASSES: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -634,76 +703,99 @@ def _draw_kernel(
     c = tl.arange(0, C_PAD)
     c_ok = c < num_chunks
     i = tl.arange(0, CAP)
-    t_key = tl.full([], -(2**31), tl.int64)  # kept: key > t_key, or key == t_key and index <= tie_idx
+    t_key = tl.full([], -(2**31), tl.int32)  # kept: key > t_key, or key == t_key and index <= tie_idx
     tie_idx = tl.full([], 0, tl.int32) + V
     if TOP_K or TOP_P:
         m = tl.load(Plan_ptr + row * 4)
         above_c = tl.load(Above_ptr + row * num_chunks + c, mask=c_ok, other=0.0)
         n = tl.load(Cnt_ptr + row)
         src = row.to(tl.int64) * CAP + i
-        xs = tl.load(Xs_ptr + src, mask=i < n, other=-float("inf"))
-        # Only keys and weights stay live through the bisections (CAP values each: registers are
+        live = i < n
+        xs = tl.load(Xs_ptr + src, mask=live, other=-float("inf"))
+        # Only keys and weights stay live through the key search (CAP values each: registers are
         # the limit here); the indices are loaded once the threshold is known.
         key = _key(xs)
         w = tl.exp2((xs - m) * c2)  # 0 on the -inf padding
         ok = n <= CAP
+        base = 0.0  # mass of x >= U, all kept when the bracket holds t (top-p alone; else U = inf)
         if TOP_K:
             # The buffer holds every token >= L; with at least k of them it holds the k-th.
             ok = ok & (n >= top_k)
-            t_key = _bisect_key(key, (i < n).to(tl.float32), top_k * 1.0)
+            _, lo, hi = _sum_key_range(live.to(tl.float32), key)
+            t_key = _select_key(key, live.to(tl.float32), top_k * 1.0, lo, hi, P)
             w = tl.where(key >= t_key, w, 0.0)
+        total, lo, hi = _sum_key_range(w, key)  # the kept buffer mass so far, its keys' range
         if TOP_P:
             if TOP_K:
-                base = 0.0
-                target = top_p * tl.sum(w, 0)
+                target = top_p * total
             else:
-                base = tl.sum(above_c, 0)  # mass of x >= U, all kept when the bracket holds t
+                base = tl.sum(above_c, 0)
                 target = top_p * tl.load(Plan_ptr + row * 4 + 1)
-                ok = ok & (base < target) & (base + tl.sum(w, 0) >= target)
-            t_key = _bisect_key(key, w, target - base)
-            above = base + tl.sum(tl.where(key > t_key, w, 0.0), 0)
-            count = tl.sum(((i < n) & (key == t_key)).to(tl.float32), 0)
-            e_t = tl.exp2((_value(t_key.to(tl.int32)) - m) * c2)
+                ok = ok & (base < target) & (base + total >= target)
+            t_key = _select_key(key, w, target - base, lo, hi, P)
+            ids = tl.load(Ids_ptr + src, mask=live, other=V)
+            above, count, id_lo, id_hi = _tie_stats(key, w, ids, live, t_key)
+            above += base
+            e_t = tl.exp2((_value(t_key) - m) * c2)
             # The official rule keeps a tied token while the mass sorted above it is < target.
             num_ties = tl.minimum(tl.maximum(tl.ceil((target - above) / e_t), 1.0), count)
-        ids = tl.load(Ids_ptr + src, mask=i < n, other=V)
-        if TOP_P:
+            # Summed otherwise than the chunk masses below: the two agree to fp32 round-off, and
+            # where they do not, the draw is the row's last kept token (the eager twin's rule).
+            kept_mass = above + num_ties * e_t
             if ok & (num_ties < count):
-                tie_idx = _nth_index(ids, (i < n) & (key == t_key), num_ties, V, INDEX_ITERS)
+                # The num_ties-th smallest index among the tied tokens: the largest -index with
+                # at least num_ties tied tokens at or above it.
+                tie_idx = -_select_key(-ids, (live & (key == t_key)).to(tl.float32), num_ties,
+                                       -id_hi, -id_lo, P)
+        else:
+            ids = tl.load(Ids_ptr + src, mask=live, other=V)
+            kept_mass = total  # no top-p: every token >= the k-th (U = inf, so base = 0)
         wk = tl.where((key > t_key) | ((key == t_key) & (ids <= tie_idx)), w, 0.0)
     else:
         m_c = tl.load(Mc_ptr + row * num_chunks + c, mask=c_ok, other=-float("inf"))
         m = tl.max(m_c, 0)
         ref_c = tl.where(m_c > -float("inf"), m_c, m)
         above_c = tl.load(Sc_ptr + row * num_chunks + c, mask=c_ok, other=0.0) * tl.exp2((ref_c - m) * c2)
-        ids = tl.full([CAP], 0, tl.int32) + V
-        wk = tl.zeros([CAP], tl.float32)
+        kept_mass = tl.sum(above_c, 0)
         ok = m > -float("inf")
 
     if ok:
-        target_u = u * (tl.sum(above_c, 0) + tl.sum(wk, 0))
-        # The first chunk whose cumulative kept mass exceeds target_u (num_chunks if round-off
-        # leaves none: then the chunk of the last kept token).
+        target_u = u * kept_mass
+        # The first chunk whose cumulative kept mass exceeds target_u, P chunk ends a pass (one
+        # reduction over the chunks' masses above the bracket, one over the buffer). before: the
+        # mass of the chunks before lo, from the pass that moved lo (the same sum the choice read).
+        j = tl.arange(0, P)
         lo = tl.full([], 0, tl.int32)
         hi = tl.full([], 0, tl.int32) + num_chunks
-        for _ in range(CHUNK_ITERS):
-            mid = (lo + hi) >> 1
-            past = _mass_through(mid, c, above_c, ids, wk, CHUNK) > target_u
-            hi = tl.where((lo < hi) & past, mid, hi)
-            lo = tl.where((lo < hi) & ~past, mid + 1, lo)
-        last = tl.maximum(tl.max(tl.where(c_ok & (above_c > 0.0), c, -1), 0),
-                          tl.max(tl.where(wk > 0.0, ids // CHUNK, -1), 0))
-        cc = tl.where(lo < num_chunks, lo, tl.maximum(last, 0))
-        before = tl.where(cc > 0, _mass_through(cc - 1, c, above_c, ids, wk, CHUNK), 0.0)
+        before = 0.0
+        while lo < hi:
+            q = lo + ((hi - lo) * (j + 1)) // (P + 1)  # [P] in [lo, hi)
+            mass = tl.sum(tl.where(c[None, :] <= q[:, None], above_c[None, :], 0.0), 1)
+            if TOP_K or TOP_P:
+                mass += tl.sum(tl.where(ids[None, :] < (q[:, None] + 1) * CHUNK, wk[None, :], 0.0), 1)
+            past = mass > target_u  # never decreases with q: kept masses are non-negative
+            hi = tl.min(tl.where(past, q, hi), 0)
+            lo = tl.max(tl.where(past, lo, q + 1), 0)
+            before = tl.max(tl.where(past, before, mass), 0)
+        cc = lo
+        if lo >= num_chunks:
+            # fp32 round-off left every cumulative mass <= target_u: the row's last kept token
+            last = tl.max(tl.where(c_ok & (above_c > 0.0), c, -1), 0)
+            if TOP_K or TOP_P:
+                last = tl.maximum(last, tl.max(tl.where(wk > 0.0, ids // CHUNK, -1), 0))
+            cc = tl.maximum(last, 0)
+            before = tl.full([], -float("inf"), tl.float32)  # no prefix exceeds target_u
         offs = cc * CHUNK + tl.arange(0, CHUNK)
         x = tl.load(row_ptr + offs, mask=offs < V, other=-float("inf")).to(tl.float32)
-        xk = _key(x).to(tl.int64)
+        xk = _key(x)
         kept = (xk > t_key) | ((xk == t_key) & (offs <= tie_idx))
         wx = tl.where(kept & (offs < V), tl.exp2((x - m) * c2), 0.0)
         # Parallel prefix sums round each prefix on its own: only kept tokens may be drawn, and
         # if round-off leaves every prefix <= target_u, the chunk's last kept token.
-        first = tl.min(tl.where((before + tl.cumsum(wx, 0) > target_u) & (wx > 0.0), offs, V), 0)
-        token = tl.where(first < V, first, tl.maximum(tl.max(tl.where(wx > 0.0, offs, -1), 0), 0))
+        first, last_kept = tl.reduce(
+            (tl.where((before + tl.cumsum(wx, 0) > target_u) & (wx > 0.0), offs, V),
+             tl.where(wx > 0.0, offs, -1)), 0, _min_max)
+        token = tl.where(first < V, first, tl.maximum(last_kept, 0))
     else:
         token = _search_token(row_ptr, V, u, c2, top_k, top_p, TOP_K, TOP_P, NV, NK, BLOCK,
                               DRAW_BLOCK, MAX_PASSES)
@@ -711,7 +803,7 @@ def _draw_kernel(
     tl.store(Out_ptr + row, token.to(tl.int64))
     tl.store(Ok_ptr + row, ok.to(tl.int32))
     if LOGPROBS:
-        tl.store(Lp_ptr + row, _token_logprob(row_ptr, token, Mc_ptr, S1_ptr, row, num_chunks, C_PAD))
+        tl.store(Lp_ptr + row, _token_logprob(row_ptr, token, m, Mc_ptr, S1_ptr, row, num_chunks, C_PAD))
 
 
 # ----------------------------------------------------------------------------- log-probs of given tokens
@@ -788,7 +880,7 @@ def _sample(logits: torch.Tensor, uniform: torch.Tensor, temperature: float, top
         logits, uniform, tokens, resolved, tokens if token_lp is None else token_lp, m_c, s_c, s1_c,
         plan, above, count, xs, ids, V, logits.stride(0), num_chunks, c2, top_k, top_p,
         TOP_K=use_k, TOP_P=use_p, LOGPROBS=logprobs, CHUNK=cfg.chunk, C_PAD=c_pad, CAP=cfg.cap,
-        CHUNK_ITERS=c_pad.bit_length(), INDEX_ITERS=max(1, (V - 1).bit_length()), NV=_NUM_VALUE_PIVOTS, NK=_NUM_KEY_PIVOTS,
+        P=cfg.draw_pivots, NV=_NUM_VALUE_PIVOTS, NK=_NUM_KEY_PIVOTS,
         BLOCK=_SEARCH_BLOCK_CUDA if on_cuda else cfg.chunk,
         DRAW_BLOCK=_SEARCH_DRAW_BLOCK_CUDA if on_cuda else cfg.chunk, MAX_PASSES=_MAX_PASSES,
         num_warps=cfg.draw_warps,
@@ -810,7 +902,7 @@ def _bracket(logits: torch.Tensor, m_c: torch.Tensor, s_c: torch.Tensor, cum: to
     ids = torch.empty((B, cfg.cap), dtype=torch.int32, device=dev)
     _plan_kernel[(B,)](m_c, s_c, cum, plan, num_chunks, c2, c2r, cfg.units_per_log2, top_k,
                        top_p, float(cfg.budget), TOP_K=use_k, NB=cfg.num_bins, LP=cfg.log2_bins_per_doubling,
-                       C_PAD=_chunks_pad(num_chunks), num_warps=2 if dev.type == "cuda" else 1)
+                       C_PAD=_chunks_pad(num_chunks), num_warps=cfg.plan_warps)
     _compact_kernel[(B, num_chunks)](logits, plan, above, count, xs, ids, V, logits.stride(0),
                                      num_chunks, c2, CHUNK=cfg.chunk, CAP=cfg.cap,
                                      num_warps=cfg.sweep_warps)
