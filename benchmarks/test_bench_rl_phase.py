@@ -18,7 +18,7 @@ Providers:
                     whole phase: the least a phase of several micro-batches amortises the cast over
   merged            cast_once with merged_projections: q/k/v and gate/up as one GEMM each (the same
                     copy bytes, so the same recompute plan): the trainer's defaults, attention
-                    "auto" (by_length: cuDNN for rows of sequences of 4096 tokens or more)
+                    "auto" (by_length: cuDNN for rows of sequences of 8192 tokens or more)
   varlen            merged with attention_backend "varlen": the flash varlen kernel at every length
   cudnn             merged with attention_backend "cudnn": SDPA's cuDNN kernel per sequence, each
                     padded to a multiple of 256 tokens, under the same recompute plan (made for

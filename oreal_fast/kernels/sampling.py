@@ -140,12 +140,14 @@ def _chunks_pad(num_chunks: int) -> int:
 # estimate is usually within ~100 tokens, up to a few thousand on flat heavy-tailed rows; with 64
 # bins and 2000 tokens a side, 1 row in 320 fell back (32 bins: about one in 6 of the hardest).
 # The buffer's keys, indices and weights must fit in registers: 8192 slots take 96 KiB.
+# draw_warps and draw_pivots from benchmarks/sweep_sampling.py on an H100: 8 warps and 4 pivots drew
+# fastest at batch 1 and 256 among {8, 16} x {4, 8, 16} (benchmarks/RESULTS.md)
 _CUDA = _Config(chunk=8192, num_bins=64, bins_per_doubling=8, budget=2000, cap=8192,
-                units_per_log2=32.0, sweep_warps=8, plan_warps=4, draw_warps=16, draw_pivots=8)
+                units_per_log2=32.0, sweep_warps=8, plan_warps=4, draw_warps=8, draw_pivots=4)
 # The interpreter gets a small buffer and a narrow bracket (24 tokens a side), so the CPU tests
 # check the estimate as well as the exact parts.
 _INTERPRET = _Config(chunk=0, num_bins=64, bins_per_doubling=8, budget=24, cap=128,
-                     units_per_log2=32.0, sweep_warps=1, plan_warps=1, draw_warps=1, draw_pivots=8)
+                     units_per_log2=32.0, sweep_warps=1, plan_warps=1, draw_warps=1, draw_pivots=4)
 # The interpreter cuts each row into about this many chunks, whatever V: the CPU tests cross
 # chunk boundaries at every V and stay fast.
 _INTERPRET_CHUNKS = 4

@@ -62,8 +62,11 @@ HALF_DTYPES = (torch.bfloat16, torch.float16)
 # run meets at most max_len / 256 of them (~0.15 s each, forward and backward, on an H100)
 CUDNN_LENGTH_BUCKET = 256
 # "by_length" (what "auto" picks on CUDA) sends a row whose longest sequence has at least this many
-# tokens to "cudnn", a shorter one to "varlen"
-CUDNN_MIN_LENGTH = 4096
+# tokens to "cudnn", a shorter one to "varlen". On an H100, one layer's forward + backward of 2
+# sequences: cudnn 1.38x varlen at 8192 and 1.48x at 16384, 1.37x at 4096 where the whole RL
+# micro-batch benchmark could not tell them apart in three runs, slower at 2048 and below
+# (benchmarks/RESULTS.md)
+CUDNN_MIN_LENGTH = 8192
 
 
 def _per_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: tuple[int, ...] | list[int],
