@@ -19,8 +19,9 @@ result up to rounding, which the tests check against each other.
   query heads (`repeat_interleave`, whose backward sums each group's gradients), decided by the first
   grouped call (the native call raising means expand) and kept for the backend's life. cuDNN
   refuses a sequence of one token; its output is its value, which the backend returns itself.
-  On an H100 (torch 2.11, one layer's forward + backward over 2 sequences) it took 8.3 ms to varlen's
-  12.5 ms at 2 x 16384 and about the same at 2 x 4096 (benchmarks/test_bench_attention.py). It costs
+  On an H100 (torch 2.11, one layer's forward + backward over 2 sequences, as below) it took 8.3 ms
+  to varlen's 12.3 ms at 2 x 16384 and 1.17 to 1.60 ms at 2 x 4096, but more than varlen at 2 x 2048
+  and below (benchmarks/test_bench_attention.py). It costs
   one SDPA call per sequence and layer. cuDNN builds a graph per shape on the host (on an H100 about
   0.3 s for the forward and backward of two new lengths, against 2 ms once built), so each sequence
   is padded with zero rows to a multiple of `CUDNN_LENGTH_BUCKET` tokens: a run builds at most two
