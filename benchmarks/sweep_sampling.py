@@ -1,7 +1,7 @@
 """Latency of the sampler's four kernels, this tree's beside another version's, in one run.
 
-    python benchmarks/sweep_sampling.py [--root DIR] [--plan-warps N ...] [--draw-warps N ...]
-                                        [--draw-pivots N ...] [--batches B ...] [--vocab V]
+    python benchmarks/sweep_sampling.py [--root DIR] [--chunk N ...] [--sweep-warps N ...]
+        [--plan-warps N ...] [--draw-warps N ...] [--draw-pivots N ...] [--batches B ...] [--vocab V]
 
 For B in --batches (default 1, 16, 256) and bf16 logits [B, V = 151936] drawn N(0, s^2), s in
 (0.6, 3.0), top-p 0.9 (and top-k 20 with top-p 0.9 at the largest B), each version of `oreal_fast/kernels/sampling.py` gets:
@@ -13,8 +13,9 @@ few in 256).
 
 --root DIR: a folder holding another version's `oreal_fast/` (`git archive COMMIT oreal_fast | tar
 -x -C DIR`), loaded by path beside this tree's (the kernel file imports only torch and triton);
-without it only this tree runs. --plan-warps / --draw-warps / --draw-pivots: values for this
-tree's config (each combination is one more variant). --vocab and --batches: small shapes, for a
+without it only this tree runs. --chunk / --sweep-warps / --plan-warps / --draw-warps /
+--draw-pivots: values for those fields of this tree's `_Config` (each combination is one more
+variant; chunk a power of two). --vocab and --batches: small shapes, for a
 run on CPU under TRITON_INTERPRET=1 (wall-clock times, no kernel split). Prints a table; writes
 $OUT/sweep_sampling.json (OUT defaults to the current folder).
 """
@@ -38,6 +39,8 @@ import torch
 KERNELS = ("_stats_kernel", "_plan_kernel", "_compact_kernel", "_draw_kernel")
 SPREADS = (0.6, 3.0)
 REPLAYS = 100
+# the `_Config` fields a run may override, and their short names in the table
+OVERRIDES = {"chunk": "ch", "sweep_warps": "sw", "plan_warps": "pw", "draw_warps": "dw", "draw_pivots": "dp"}
 
 
 def load_module(root: str | None) -> ModuleType:
@@ -59,11 +62,10 @@ def variants(args: argparse.Namespace) -> list[tuple[str, ModuleType, dict]]:
     """(label, module, config changes): the baseline as it is, then this tree per override combination."""
     out = [("base", load_module(args.root), {})] if args.root else []
     this = load_module(None)
-    names = [("plan_warps", args.plan_warps), ("draw_warps", args.draw_warps), ("draw_pivots", args.draw_pivots)]
-    given = [(field, values) for field, values in names if values]
+    given = [(field, getattr(args, field)) for field in OVERRIDES if getattr(args, field)]
     for combo in itertools.product(*(values for _, values in given)):
         change = {field: v for (field, _), v in zip(given, combo)}
-        label = "this" + "".join(f" {f.split('_')[0][0]}{f.split('_')[1][0]}{v}" for f, v in change.items())
+        label = "this" + "".join(f" {OVERRIDES[f]}{v}" for f, v in change.items())
         out.append((label, this, change))
     return out
 
@@ -132,9 +134,8 @@ def print_table(rows: list[dict]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", help="a folder holding another version's oreal_fast/ (the baseline)")
-    ap.add_argument("--plan-warps", type=int, nargs="*", default=[])
-    ap.add_argument("--draw-warps", type=int, nargs="*", default=[])
-    ap.add_argument("--draw-pivots", type=int, nargs="*", default=[])
+    for field in OVERRIDES:
+        ap.add_argument("--" + field.replace("_", "-"), type=int, nargs="*", default=[])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 256])
     ap.add_argument("--vocab", type=int, default=151936)
     args = ap.parse_args()
