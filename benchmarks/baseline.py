@@ -22,19 +22,25 @@ from types import ModuleType
 import pytest
 
 
-def baseline_module(relative_path: str) -> ModuleType:
-    """Module `relative_path` (e.g. "kernels/sampling.py") of BASELINE_ROOT's oreal_fast; skips without it."""
-    root = os.environ.get("BASELINE_ROOT")
-    if not root:
-        pytest.skip("the baseline provider needs BASELINE_ROOT (a folder holding another commit's oreal_fast/)")
+def load_version_module(root: str, relative_path: str) -> ModuleType:
+    """Module `relative_path` (e.g. "kernels/sampling.py") of the oreal_fast under folder `root`,
+    loaded by path under a name of its own (once per process)."""
     path = os.path.join(root, "oreal_fast", relative_path)
     name = "baseline_" + relative_path.removesuffix(".py").replace("/", "_")
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or not os.path.exists(path):
-        raise FileNotFoundError(f"BASELINE_ROOT={root} has no oreal_fast/{relative_path}")
+        raise FileNotFoundError(f"{root} has no oreal_fast/{relative_path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # before exec: dataclasses look their module up by name
     spec.loader.exec_module(module)
     return module
+
+
+def baseline_module(relative_path: str) -> ModuleType:
+    """Module `relative_path` of BASELINE_ROOT's oreal_fast; skips without BASELINE_ROOT."""
+    root = os.environ.get("BASELINE_ROOT")
+    if not root:
+        pytest.skip("the baseline provider needs BASELINE_ROOT (a folder holding another commit's oreal_fast/)")
+    return load_version_module(root, relative_path)

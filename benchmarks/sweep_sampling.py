@@ -9,7 +9,8 @@ the whole `sample_with_logprobs` call captured in a CUDA graph (median of 100 re
 events), each kernel's GPU time per call (torch.profiler: `_stats_kernel`, `_plan_kernel`,
 `_compact_kernel`, `_draw_kernel`), the fraction of rows the two sweeps resolved (the rest took the
 search fallback) and the rows whose token differs from the eager twin's (fp32 round-off allows a
-few in 256).
+few in 256). Then, for this tree's config at the largest B, the share of rows resolved without the
+fallback over normal and Zipf-like rows and four (temperature, top-k, top-p) settings.
 
 --root DIR: a folder holding another version's `oreal_fast/` (`git archive COMMIT oreal_fast | tar
 -x -C DIR`), loaded by path beside this tree's (the kernel file imports only torch and triton);
@@ -25,7 +26,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
-import importlib.util
 import itertools
 import json
 import os
@@ -36,9 +36,16 @@ from types import ModuleType
 
 import torch
 
+from baseline import load_version_module
+from gpu_timing import graph_seconds
+
 KERNELS = ("_stats_kernel", "_plan_kernel", "_compact_kernel", "_draw_kernel")
 SPREADS = (0.6, 3.0)
 REPLAYS = 100
+# row kinds (kind, spread) and (temperature, top_k, top_p) settings of the resolved-share table
+COVERAGE_ROWS = (("normal", 0.3), ("normal", 0.6), ("normal", 1.0), ("normal", 3.0), ("zipf", 0.7), ("zipf", 1.0),
+                 ("zipf", 2.0))
+COVERAGE_SETTINGS = ((1.0, 0, 0.9), (0.7, 20, 0.9), (1.0, 0, 0.5), (1.3, 0, 0.95))
 # the `_Config` fields a run may override, and their short names in the table
 OVERRIDES = {"chunk": "ch", "sweep_warps": "sw", "plan_warps": "pw", "draw_warps": "dw", "draw_pivots": "dp"}
 
@@ -47,15 +54,10 @@ def load_module(root: str | None) -> ModuleType:
     """This tree's sampling module, or the one under root (a folder holding oreal_fast/)."""
     if root is None:
         return importlib.import_module("oreal_fast.kernels.sampling")
-    path = os.path.join(root, "oreal_fast", "kernels", "sampling.py")
-    if not os.path.exists(path):
-        sys.exit(f"--root {root}: no oreal_fast/kernels/sampling.py there")
-    name = "baseline_kernels_sampling"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # before exec: dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+    try:
+        return load_version_module(root, "kernels/sampling.py")
+    except FileNotFoundError as e:
+        sys.exit(f"--root: {e}")
 
 
 def variants(args: argparse.Namespace) -> list[tuple[str, ModuleType, dict]]:
@@ -72,29 +74,14 @@ def variants(args: argparse.Namespace) -> list[tuple[str, ModuleType, dict]]:
 
 def seconds_per_call(fn, device: torch.device) -> float:
     """Median seconds of one call: CUDA-graph replays timed by events on CUDA, wall clock on CPU."""
+    if device.type == "cuda":
+        return graph_seconds(fn, calls=1, replays=REPLAYS)
     fn()
-    if device.type != "cuda":
-        times = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    for _ in range(5):
-        graph.replay()
     times = []
-    for _ in range(REPLAYS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    graph.reset()
+    for _ in range(3):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
@@ -120,6 +107,30 @@ def run_case(mod: ModuleType, change: dict, x: torch.Tensor, u: torch.Tensor, to
     tokens, resolved, _ = mod._sample(x, u, 1.0, top_k, top_p, cfg, logprobs=True)
     return dict(us=seconds_per_call(fn, x.device) * 1e6, kernels_us=kernel_us(fn, x.device),
                 resolved=float(resolved.float().mean()), differ_from_eager=int((tokens != ref).sum()))
+
+
+def row_kind(kind: str, spread: float, B: int, V: int, device: torch.device) -> torch.Tensor:
+    """bf16 logits [B, V]: N(0, spread^2) ("normal"), or a Zipf-like row ("zipf": log-rank slope
+    `spread` on a random ranking of the tokens, plus N(0, 0.25) noise)."""
+    g = torch.Generator(device=device).manual_seed(1)
+    if kind == "normal":
+        return (torch.randn(B, V, device=device, generator=g) * spread).bfloat16()
+    rank = torch.rand(B, V, device=device, generator=g).argsort(-1).float() + 1
+    return (20.0 - spread * rank.log() + torch.randn(B, V, device=device, generator=g) * 0.5).bfloat16()
+
+
+def resolved_coverage(mod: ModuleType, B: int, V: int, device: torch.device) -> list[dict]:
+    """The share of rows the two sweeps resolve (the rest take the fallback search) over row kinds
+    and sampling settings, with the module's own config."""
+    u = torch.rand(B, device=device, generator=torch.Generator(device=device).manual_seed(2))
+    out = []
+    for kind, spread in COVERAGE_ROWS:
+        x = row_kind(kind, spread, B, V, device)
+        for temperature, top_k, top_p in COVERAGE_SETTINGS:
+            _, resolved, _ = mod._sample(x, u, temperature, top_k, top_p, mod._config(device, V))
+            out.append(dict(kind=kind, spread=spread, temperature=temperature, top_k=top_k, top_p=top_p,
+                            resolved=float(resolved.float().mean())))
+    return out
 
 
 def print_table(rows: list[dict]) -> None:
@@ -156,6 +167,7 @@ def main() -> None:
             row.update(run_case(mod, change, x, u, top_k, top_p, ref))
             res["rows"].append(row)
         del x
+    res["coverage"] = resolved_coverage(versions[-1][1], max(args.batches), args.vocab, device)
     res["seconds"] = time.time() - t0
     out = os.path.join(os.environ.get("OUT", "."), "sweep_sampling.json")
     with open(out, "w") as f:
@@ -164,6 +176,10 @@ def main() -> None:
     print(f"{res['device']}, V = {args.vocab}: whole sample_with_logprobs ({timing}) and each kernel's "
           f"GPU time, us; {res['seconds']:.0f} s")
     print_table(res["rows"])
+    short = [r for r in res["coverage"] if r["resolved"] < 1.0]
+    print(f"\nfallback: {len(short)} of {len(res['coverage'])} row sets (kind x setting, B = {max(args.batches)}) "
+          f"below 100 % resolved" + "".join(f"\n  {r['kind']} {r['spread']} T{r['temperature']} k{r['top_k']} "
+                                            f"p{r['top_p']}: {r['resolved']:.3f}" for r in short))
     print(f"-> {out}")
 
 
