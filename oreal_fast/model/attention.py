@@ -72,13 +72,18 @@ CUDNN_MIN_LENGTH = 8192
 
 def _per_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: tuple[int, ...] | list[int],
                   attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """`attend` on each sequence [start, end) of the host `bounds`, as (1, heads, n, D) views; the
-    outputs packed again: [T, Hq, D]."""
-    outs = []
-    for start, end in zip(bounds[:-1], bounds[1:]):
-        qi, ki, vi = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
-        outs.append(attend(qi, ki, vi).squeeze(0).transpose(0, 1))
-    return torch.cat(outs, dim=0)
+    """`attend` on each sequence [start, end) of the host `bounds` (q [n, Hq, D], k and v [n, Hkv, D]
+    slices of the packed row -> [n, Hq, D]); the outputs packed again: [T, Hq, D]."""
+    return torch.cat([attend(q[start:end], k[start:end], v[start:end]) for start, end in zip(bounds[:-1], bounds[1:])],
+                     dim=0)
+
+
+def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enable_gqa: bool) -> torch.Tensor:
+    """Causal SDPA of one sequence in the packed layout: q [n, Hq, D], k and v [n, Hkv, D] -> [n, Hq, D]
+    (as (1, heads, n, D) views, whichever kernel the caller's `sdpa_kernel` context allows)."""
+    out = F.scaled_dot_product_attention(*(x.transpose(0, 1).unsqueeze(0) for x in (q, k, v)), is_causal=True,
+                                         enable_gqa=enable_gqa)
+    return out.squeeze(0).transpose(0, 1)
 
 
 def _expand_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,8 +108,7 @@ def sdpa_attention(
         out: [T, Hq, D], same dtype as q.
     """
     bounds = cu_seqlens.tolist() if cu_seqlens_host is None else cu_seqlens_host
-    return _per_sequence(q, k, v, bounds, lambda qi, ki, vi: F.scaled_dot_product_attention(
-        qi, ki, vi, is_causal=True, enable_gqa=True))
+    return _per_sequence(q, k, v, bounds, lambda qi, ki, vi: _causal_sdpa(qi, ki, vi, enable_gqa=True))
 
 
 def _make_cudnn_backend() -> AttentionBackend:
@@ -123,15 +127,12 @@ def _make_cudnn_backend() -> AttentionBackend:
             # first n outputs are the sequence's own. Padded in the packed [n, H, D] layout, the one
             # cuDNN is fast in (a (1, H, n, D) contiguous copy runs a slower kernel).
             q, k, v = (F.pad(x, (0, 0, 0, 0, 0, pad)) for x in (q, k, v))
-        out = F.scaled_dot_product_attention(*(x.transpose(0, 1).unsqueeze(0) for x in (q, k, v)),
-                                             is_causal=True, enable_gqa=enable_gqa)
-        return out.squeeze(0).transpose(0, 1)[:n]
+        return _causal_sdpa(q, k, v, enable_gqa)[:n]
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: tuple[int, ...],
                enable_gqa: bool) -> torch.Tensor:
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            return torch.cat([attend_one(q[start:end], k[start:end], v[start:end], enable_gqa)
-                              for start, end in zip(bounds[:-1], bounds[1:])], dim=0)
+            return _per_sequence(q, k, v, bounds, lambda qi, ki, vi: attend_one(qi, ki, vi, enable_gqa))
 
     def cudnn_attention(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
@@ -146,6 +147,8 @@ def _make_cudnn_backend() -> AttentionBackend:
         if native_gqa is None:
             try:
                 out = attend(q, k, v, cu_seqlens_host, enable_gqa=True)
+            except torch.OutOfMemoryError:  # memory, not the kernel's answer: the caller's to handle
+                raise
             except RuntimeError:  # this torch's cuDNN path refuses grouped heads: expand them from now on
                 native_gqa = False
             else:

@@ -133,3 +133,26 @@ def test_cudnn_forward_and_backward_equal_sdpa_with_a_lone_token(monkeypatch):
     assert results[1][1][lone].abs().max() == 0  # the sdpa reference: no gradient into a lone query
     for got, want in zip(*results):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_cudnn_out_of_memory_in_the_grouped_heads_try_is_raised_not_taken_for_a_refusal(monkeypatch):
+    """Running out of memory says nothing about grouped heads: it reaches the caller (the trainer's
+    out-of-memory handling), and the next call tries cuDNN's grouped heads again."""
+    real_sdpa = F.scaled_dot_product_attention
+    calls = []
+
+    def cudnn_stand_in(q, k, v, *, is_causal, enable_gqa):
+        calls.append(enable_gqa)
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory.")
+        with sdpa_kernel(SDPBackend.MATH):
+            return real_sdpa(q, k, v, is_causal=is_causal, enable_gqa=enable_gqa)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", cudnn_stand_in)
+    q, k, v = _qkv()
+    cu = torch.tensor(BOUNDS, dtype=torch.int32)
+    backend = make_backend("cudnn")
+    with pytest.raises(torch.OutOfMemoryError):
+        backend(q, k, v, cu, max(LENS), BOUNDS)
+    backend(q, k, v, cu, max(LENS), BOUNDS)
+    assert calls[0] is True and calls[1] is True  # the retry asked for native grouped heads again
