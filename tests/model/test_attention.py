@@ -18,6 +18,15 @@ LENS = [5, 11, 1, 7]
 BOUNDS = tuple(accumulate(LENS, initial=0))
 
 
+_REAL_SDPA = F.scaled_dot_product_attention
+
+
+def _math_sdpa(q, k, v, *, is_causal, enable_gqa):
+    """What the cuDNN stand-ins below compute: SDPA's math kernel (the CPU has no cuDNN)."""
+    with sdpa_kernel(SDPBackend.MATH):
+        return _REAL_SDPA(q, k, v, is_causal=is_causal, enable_gqa=enable_gqa)
+
+
 def _qkv(heads: int = 4, kv_heads: int = 2, dim: int = 8) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(0)
     T = sum(LENS)
@@ -79,7 +88,6 @@ def test_cudnn_tries_native_grouped_heads_once_then_keeps_the_answer(monkeypatch
     enabled, raises on a key length of 1 as cuDNN does, and, for a torch whose cuDNN path refuses
     grouped heads, raises on enable_gqa as torch does. Two calls: the first asks for native grouped
     heads once; the second follows its answer. The lone token (LENS holds a 1) never reaches cuDNN."""
-    real_sdpa = F.scaled_dot_product_attention
     calls = []
 
     def cudnn_stand_in(q, k, v, *, is_causal, enable_gqa):
@@ -90,8 +98,7 @@ def test_cudnn_tries_native_grouped_heads_once_then_keeps_the_answer(monkeypatch
         calls.append((enable_gqa, k.shape[1]))
         if enable_gqa and not native_gqa:
             raise RuntimeError("No available kernel. Aborting execution.")
-        with sdpa_kernel(SDPBackend.MATH):
-            return real_sdpa(q, k, v, is_causal=is_causal, enable_gqa=enable_gqa)
+        return _math_sdpa(q, k, v, is_causal=is_causal, enable_gqa=enable_gqa)
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", cudnn_stand_in)
     q, k, v = _qkv()
@@ -111,12 +118,10 @@ def test_cudnn_tries_native_grouped_heads_once_then_keeps_the_answer(monkeypatch
 def test_cudnn_forward_and_backward_equal_sdpa_with_a_lone_token(monkeypatch):
     """The lone token's output is its value, returned without cuDNN: forward and gradients of the
     whole packed row (LENS holds a sequence of one token) equal the sdpa backend's."""
-    real_sdpa = F.scaled_dot_product_attention
 
     def cudnn_stand_in(q, k, v, *, is_causal, enable_gqa):
         assert k.shape[2] > 1, "cuDNN refuses a key length of 1"
-        with sdpa_kernel(SDPBackend.MATH):
-            return real_sdpa(q, k, v, is_causal=is_causal, enable_gqa=enable_gqa)
+        return _math_sdpa(q, k, v, is_causal=is_causal, enable_gqa=enable_gqa)
 
     cu = torch.tensor(BOUNDS, dtype=torch.int32)
     results = []
@@ -138,15 +143,13 @@ def test_cudnn_forward_and_backward_equal_sdpa_with_a_lone_token(monkeypatch):
 def test_cudnn_out_of_memory_in_the_grouped_heads_try_is_raised_not_taken_for_a_refusal(monkeypatch):
     """Running out of memory says nothing about grouped heads: it reaches the caller (the trainer's
     out-of-memory handling), and the next call tries cuDNN's grouped heads again."""
-    real_sdpa = F.scaled_dot_product_attention
     calls = []
 
     def cudnn_stand_in(q, k, v, *, is_causal, enable_gqa):
         calls.append(enable_gqa)
         if len(calls) == 1:
             raise torch.OutOfMemoryError("CUDA out of memory.")
-        with sdpa_kernel(SDPBackend.MATH):
-            return real_sdpa(q, k, v, is_causal=is_causal, enable_gqa=enable_gqa)
+        return _math_sdpa(q, k, v, is_causal=is_causal, enable_gqa=enable_gqa)
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", cudnn_stand_in)
     q, k, v = _qkv()
