@@ -15,7 +15,8 @@ token (every response runs to 256), one timed round after a warm-up:
                        distribution: ~2.0 M new tokens, the longest response (the tail decoded at
                        a small batch) about 15.8 k tokens.
 extra_info: tokens_per_s (new tokens over the round's wall time), peak_gib (peak allocated device
-memory in the round, weights included); for oreal_fast cases the engine's stats too.
+memory in the round, weights included), oreal_fast_path (the file of the oreal_fast this run
+imported: which tree a baseline run measured); for oreal_fast cases the engine's stats too.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import numpy as np
 import pytest
 import torch
 
+import oreal_fast
 from oreal_fast.model import decoder_from_hf
 from oreal_fast.rollout import EngineConfig, PagedEngine, PlainSampler, SamplingParams
 
@@ -128,6 +130,7 @@ def test_generate(benchmark, models, case):
     benchmark.pedantic(timed, rounds=1, iterations=1)
     benchmark.extra_info["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     benchmark.extra_info["tokens_per_s"] = counted["tokens"] / benchmark.stats.stats.median
+    benchmark.extra_info["oreal_fast_path"] = oreal_fast.__file__
     benchmark.extra_info["wall_s"] = benchmark.stats.stats.median
     if "engine" in holder:
         benchmark.extra_info.update({f"engine_{k}": v for k, v in holder["engine"].stats().items()})
