@@ -11,13 +11,15 @@ Providers:
                   plan counts the copies)
   merged          cast_once with merged_projections: q/k/v and gate/up as one GEMM each (the same
                   copy bytes, so the same recompute plan): the trainer's defaults
+  merged_16k      merged with half the token budget (16384, the longest sequence's length): micro-batches
+                  half as large, whose activations fit the cap with no block recomputed
 Cases (fixed seeds):
   short  64 kept sequences, 32 prompts x 2 samples, 470-token prompt + 150..220-token responses
          (~660 tokens each, the shape of a capped-response run)
   mixed  64 sequences with a long-tailed length mix 200 .. 16384 (most short, a few near the cap)
 Models as the trainer builds them on CUDA: the fused trunk ops (`TRAIN_OPS`) and the recompute plan
-for 32768-token micro-batches under the cap (both splits' largest micro-batch is 32768 tokens at
-gen_max_length 16384). The process is capped at 40 GiB (`torch.cuda.set_per_process_memory_fraction`)
+for the largest micro-batch under the cap (32768 tokens for both splits at gen_max_length 16384;
+16384 for merged_16k). The process is capped at 40 GiB (`torch.cuda.set_per_process_memory_fraction`)
 for the whole case, so a case that needs more fails. extra_info: tokens_per_s, mfu and hfu (model and
 hardware FLOPs, rl_shapes.py), recomputed_blocks, peak_gib (optimiser states included), num_micro_batches.
 """
@@ -40,7 +42,7 @@ from oreal_fast.trajectories import plan_micro_batches
 
 # provider -> (rl_micro_batch_tokens, weights_cast_once, merged_projections)
 PROVIDERS = {"oreal_fast": (32768, False, False), "official_split": (0, False, False),
-             "cast_once": (32768, True, False), "merged": (32768, True, True)}
+             "cast_once": (32768, True, False), "merged": (32768, True, True), "merged_16k": (16384, True, True)}
 
 
 CASES = {"short": short_case, "mixed": mixed_case}
@@ -56,7 +58,8 @@ def test_rl_loop(benchmark, provider, case):
     try:
         kept = CASES[case]()
         budget, cast_once, merged = PROVIDERS[provider]
-        models, recomputed = rl_models(tokens=32768, weights_cast_once=cast_once)
+        # the plan for the largest micro-batch: the budget, or 2 sequences of 16384 for the official split
+        models, recomputed = rl_models(tokens=budget or 32768, weights_cast_once=cast_once)
         actor_opt = torch.optim.AdamW(models.actor.parameters(), lr=1e-7, weight_decay=0.01, fused=True)
         rm_opt = torch.optim.AdamW(models.token_rm.parameters(), lr=1e-7, weight_decay=0.01, fused=True)
         cfg = TrainConfig(actor="random", datasets="none", threshold_rescale=True, weights_cast_once=cast_once,
