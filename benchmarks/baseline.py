@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import zlib
 from types import ModuleType
 
 import pytest
@@ -26,7 +27,9 @@ def load_version_module(root: str, relative_path: str) -> ModuleType:
     """Module `relative_path` (e.g. "kernels/sampling.py") of the oreal_fast under folder `root`,
     loaded by path under a name of its own (once per process)."""
     path = os.path.join(root, "oreal_fast", relative_path)
-    name = "baseline_" + relative_path.removesuffix(".py").replace("/", "_")
+    # one name per (folder, file): several versions of one file can run side by side
+    tag = zlib.crc32(os.path.abspath(root).encode())
+    name = f"baseline_{tag:08x}_" + relative_path.removesuffix(".py").replace("/", "_")
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)

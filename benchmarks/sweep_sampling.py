@@ -1,6 +1,6 @@
-"""Latency of the sampler's four kernels, this tree's beside another version's, in one run.
+"""Latency of the sampler's four kernels, this tree's beside other versions', in one run.
 
-    python benchmarks/sweep_sampling.py [--root DIR] [--chunk N ...] [--sweep-warps N ...]
+    python benchmarks/sweep_sampling.py [--root DIR ...] [--chunk N ...] [--sweep-warps N ...]
         [--plan-warps N ...] [--draw-warps N ...] [--draw-pivots N ...] [--batches B ...] [--vocab V]
 
 For B in --batches (default 1, 16, 256) and bf16 logits [B, V = 151936] drawn N(0, s^2), s in
@@ -12,13 +12,14 @@ search fallback) and the rows whose token differs from the eager twin's (fp32 ro
 few in 256). Then, for this tree's config at the largest B, the share of rows resolved without the
 fallback over normal and Zipf-like rows and four (temperature, top-k, top-p) settings.
 
---root DIR: a folder holding another version's `oreal_fast/` (`git archive COMMIT oreal_fast | tar
--x -C DIR`), loaded by path beside this tree's (the kernel file imports only torch and triton);
-without it only this tree runs. --chunk / --sweep-warps / --plan-warps / --draw-warps /
+--root DIR ...: folders each holding another version's `oreal_fast/` (`git archive COMMIT oreal_fast |
+tar -x -C DIR`), loaded by path beside this tree's (the kernel file imports only torch and triton)
+and labelled by the folder's name; without it only this tree runs. --chunk / --sweep-warps / --plan-warps / --draw-warps /
 --draw-pivots: values for those fields of this tree's `_Config` (each combination is one more
 variant; chunk a power of two). --vocab and --batches: small shapes, for a
 run on CPU under TRITON_INTERPRET=1 (wall-clock times, no kernel split). Prints a table; writes
-$OUT/sweep_sampling.json (OUT defaults to the current folder).
+$OUT/sweep_sampling.json (OUT defaults to the current folder), rewritten after each case so that a
+time limit keeps what ran.
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ def load_module(root: str | None) -> ModuleType:
 
 
 def variants(args: argparse.Namespace) -> list[tuple[str, ModuleType, dict]]:
-    """(label, module, config changes): the baseline as it is, then this tree per override combination."""
-    out = [("base", load_module(args.root), {})] if args.root else []
+    """(label, module, config changes): each --root version as it is, then this tree per override combination."""
+    out = [(os.path.basename(os.path.normpath(root)), load_module(root), {}) for root in args.root]
     this = load_module(None)
     given = [(field, getattr(args, field)) for field in OVERRIDES if getattr(args, field)]
     for combo in itertools.product(*(values for _, values in given)):
@@ -144,7 +145,8 @@ def print_table(rows: list[dict]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--root", help="a folder holding another version's oreal_fast/ (the baseline)")
+    ap.add_argument("--root", nargs="+", default=[],
+                    help="folders each holding another version's oreal_fast/ (baselines)")
     for field in OVERRIDES:
         ap.add_argument("--" + field.replace("_", "-"), type=int, nargs="*", default=[])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 256])
@@ -157,6 +159,13 @@ def main() -> None:
            "vocab": args.vocab, "root": args.root, "rows": []}
     cases = ([(B, s, 0, 0.9) for B in args.batches for s in SPREADS]
              + [(max(args.batches), 3.0, 20, 0.9)])  # (B, spread, top_k, top_p)
+    out = os.path.join(os.environ.get("OUT", "."), "sweep_sampling.json")
+
+    def save() -> None:
+        res["seconds"] = time.time() - t0
+        with open(out, "w") as f:
+            json.dump(res, f, indent=1)
+
     for B, spread, top_k, top_p in cases:
         g = torch.Generator(device=device).manual_seed(B)
         x = (torch.randn(B, args.vocab, device=device, generator=g) * spread).bfloat16()
@@ -166,12 +175,10 @@ def main() -> None:
             row = dict(B=B, spread=spread, top_k=top_k, top_p=top_p, version=label, config=change)
             row.update(run_case(mod, change, x, u, top_k, top_p, ref))
             res["rows"].append(row)
+            save()
         del x
     res["coverage"] = resolved_coverage(versions[-1][1], max(args.batches), args.vocab, device)
-    res["seconds"] = time.time() - t0
-    out = os.path.join(os.environ.get("OUT", "."), "sweep_sampling.json")
-    with open(out, "w") as f:
-        json.dump(res, f, indent=1)
+    save()
     timing = f"CUDA graph, median of {REPLAYS}" if device.type == "cuda" else "wall clock"
     print(f"{res['device']}, V = {args.vocab}: whole sample_with_logprobs ({timing}) and each kernel's "
           f"GPU time, us; {res['seconds']:.0f} s")
