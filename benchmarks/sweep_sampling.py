@@ -14,9 +14,9 @@ fallback over normal and Zipf-like rows and four (temperature, top-k, top-p) set
 
 --root DIR ...: folders each holding another version's `oreal_fast/` (`git archive COMMIT oreal_fast |
 tar -x -C DIR`), loaded by path beside this tree's (the kernel file imports only torch and triton)
-and labelled by the folder's name; without it only this tree runs. --chunk / --sweep-warps / --plan-warps / --draw-warps /
---draw-pivots: values for those fields of this tree's `_Config` (each combination is one more
-variant; chunk a power of two). --vocab and --batches: small shapes, for a
+and labelled by the folder's name; without it only this tree runs. --chunk / --sweep-warps /
+--plan-warps / --draw-warps / --draw-pivots: values for those fields of this tree's `_Config` (each
+combination is one more variant; chunk a power of two). --vocab and --batches: small shapes, for a
 run on CPU under TRITON_INTERPRET=1 (wall-clock times, no kernel split). Prints a table; writes
 $OUT/sweep_sampling.json (OUT defaults to the current folder), rewritten after each case so that a
 time limit keeps what ran.
