@@ -4,9 +4,9 @@
         [--plan-warps N ...] [--draw-warps N ...] [--draw-pivots N ...] [--batches B ...] [--vocab V]
 
 For B in --batches (default 1, 16, 256) and bf16 logits [B, V = 151936] drawn N(0, s^2), s in
-(0.6, 3.0), top-p 0.9 (and top-k 20 with top-p 0.9 at the largest B), each version of `oreal_fast/kernels/sampling.py` gets:
-the whole `sample_with_logprobs` call captured in a CUDA graph (median of 100 replays, CUDA
-events), each kernel's GPU time per call (torch.profiler: `_stats_kernel`, `_plan_kernel`,
+(0.6, 3.0), top-p 0.9 (and top-k 20 with top-p 0.9 at the largest B), each version of
+`oreal_fast/kernels/sampling.py` gets: the whole `sample_with_logprobs` call captured in a CUDA
+graph (median of 100 replays, CUDA events), each kernel's GPU time per call (torch.profiler: `_stats_kernel`, `_plan_kernel`,
 `_compact_kernel`, `_draw_kernel`), the fraction of rows the two sweeps resolved (the rest took the
 search fallback) and the rows whose token differs from the eager twin's (fp32 round-off allows a
 few in 256). Then, for this tree's config at the largest B, the share of rows resolved without the
