@@ -13,6 +13,8 @@ Providers:
                   copy bytes, so the same recompute plan): the trainer's defaults
   merged_16k      merged with half the token budget (16384, the longest sequence's length): micro-batches
                   half as large, whose activations fit the cap with no block recomputed
+  merged_varlen   merged with the flash varlen kernel for every row (attention_backend "varlen"; the
+                  others run "auto": cuDNN per sequence for a row holding a sequence of 8192 tokens or more)
 Cases (fixed seeds):
   short  64 kept sequences, 32 prompts x 2 samples, 470-token prompt + 150..220-token responses
          (~660 tokens each, the shape of a capped-response run)
@@ -40,9 +42,10 @@ from oreal_fast.rl_step import RLSettings, rl_phase
 from oreal_fast.runtime import Precision
 from oreal_fast.trajectories import plan_micro_batches
 
-# provider -> (rl_micro_batch_tokens, weights_cast_once, merged_projections)
-PROVIDERS = {"oreal_fast": (32768, False, False), "official_split": (0, False, False),
-             "cast_once": (32768, True, False), "merged": (32768, True, True), "merged_16k": (16384, True, True)}
+# provider -> (rl_micro_batch_tokens, weights_cast_once, merged_projections, attention backend)
+PROVIDERS = {"oreal_fast": (32768, False, False, "auto"), "official_split": (0, False, False, "auto"),
+             "cast_once": (32768, True, False, "auto"), "merged": (32768, True, True, "auto"),
+             "merged_16k": (16384, True, True, "auto"), "merged_varlen": (32768, True, True, "varlen")}
 
 
 CASES = {"short": short_case, "mixed": mixed_case}
@@ -57,9 +60,9 @@ def test_rl_loop(benchmark, provider, case):
     torch.cuda.set_per_process_memory_fraction(CAP_GIB * 2**30 / total)
     try:
         kept = CASES[case]()
-        budget, cast_once, merged = PROVIDERS[provider]
+        budget, cast_once, merged, attn_backend = PROVIDERS[provider]
         # the plan for the largest micro-batch: the budget, or 2 sequences of 16384 for the official split
-        models, recomputed = rl_models(tokens=budget or 32768, weights_cast_once=cast_once)
+        models, recomputed = rl_models(tokens=budget or 32768, weights_cast_once=cast_once, attn_backend=attn_backend)
         actor_opt = torch.optim.AdamW(models.actor.parameters(), lr=1e-7, weight_decay=0.01, fused=True)
         rm_opt = torch.optim.AdamW(models.token_rm.parameters(), lr=1e-7, weight_decay=0.01, fused=True)
         cfg = TrainConfig(actor="random", datasets="none", threshold_rescale=True, weights_cast_once=cast_once,
