@@ -1,6 +1,7 @@
 """norm_linear, norm_linear_rope_kv, linear_partials, add_rms_norm_partials: the few-token GEMV
-kernels against their eager twins on fresh random inputs, and the InferenceModel with its
-few-token path on against off.
+kernels against their eager twins on fresh random inputs, at the default launch shapes and at
+others (as the tile sweep launches them), and the InferenceModel with its few-token path on
+against off.
 
 CPU: fp32 under TRITON_INTERPRET=1, small odd shapes (the interpreter rounds to bf16 by
 truncation, so bf16 runs on the GPU only). GPU: bf16, the same cases, plus the Qwen2.5-0.5B
