@@ -66,13 +66,13 @@ matching gate and up rows, so silu(g) u is made once per element and only the ac
 Budget at the Qwen2.5-0.5B shape (H 896, I 4864, q|k|v 1152 rows), T tokens, an H100 (132 SMs),
 per layer: the weights once (29.7 MB; a program reads its rows once, into registers: at most
 `_Tiles.tile_elems` elements, 8192 on CUDA, so several programs share an SM), plus from L2 the
-activations every program needs. q|k|v: 144 programs of 4 pairs, 8 rows (14 KB of W each), prologue T x 12.3 KB (3 down
-partials fp32, the residual), epilogue T x 32 B of the rope table (cos and sin of both halves of
-4 pairs, fp32) and the position and slot; it writes q, k and v (T x 2.3 KB), what the q|k|v GEMM
-alone wrote before; o: 224 of 4 rows (7 KB), T x 1.8 KB; gate|up: 1216 of 4 gate and 4 up rows
-(14 KB), T x 5.3 KB; down: 3 splits of 2048 columns x 224 blocks of 4 rows (16 KB), T x 4 KB.
-These launch shapes all come from one `_Tiles` (`_TILES_CUDA`, with the split SPLIT_K);
-benchmarks/sweep_decode_gemv.py times others.
+activations every program needs. q|k|v: 144 programs of 4 pairs, 8 rows (14 KB of W each),
+prologue T x 12.3 KB (3 down partials fp32, the residual), epilogue T x 32 B of the rope table
+(cos and sin of both halves of 4 pairs, fp32) and the position and slot; it writes q, k and v
+(T x 2.3 KB), what the q|k|v GEMM alone wrote before; o: 224 of 4 rows (7 KB), T x 1.8 KB;
+gate|up: 1216 of 4 gate and 4 up rows (14 KB), T x 5.3 KB; down: 3 splits of 2048 columns x 224
+blocks of 4 rows (16 KB), T x 4 KB. These launch shapes all come from one `_Tiles` (`_TILES_CUDA`,
+with the split SPLIT_K); benchmarks/sweep_decode_gemv.py times others.
 Workspace: the partials, [1, T, H] and [3, T, H] fp32 (T x 14 KB), written once and read by
 every program of the next kernel. FLOPs: 2 T per weight, fp32 on the CUDA cores (no tensor
 cores: at small T the weights' bytes bound the time, not the multiplies).
@@ -94,8 +94,8 @@ The engine launches them so wherever the device has it (`EngineConfig.gemv_pdl`)
 
 Limits: the activations are re-read by every program, programs x T x (prologue bytes) from L2:
 6.4 MB at T = 1 for gate|up, 100 MB at T = 16 (three times its weights), and the tokens run in
-tiles of 2 to 4 at this shape (`_Tiles.product_elems`), one tile after another. So the path is for
-small T only, up to a threshold the caller sets from a measurement (`InferenceModel(
+tiles of 2 to 4 at this shape (`_Tiles.product_elems`), one tile after another. So the path is
+for small T only, up to a threshold the caller sets from a measurement (`InferenceModel(
 gemv_max_tokens=...)`, benchmarks/test_bench_decode_gemv.py).
 H (the norm's width) must fit one tile (H <= 16384). Forward only, no autograd. On CPU the Triton
 path runs only under TRITON_INTERPRET=1, in fp32 (the interpreter rounds to bf16 by truncation).
