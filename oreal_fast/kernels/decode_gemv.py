@@ -65,12 +65,14 @@ matching gate and up rows, so silu(g) u is made once per element and only the ac
 
 Budget at the Qwen2.5-0.5B shape (H 896, I 4864, q|k|v 1152 rows), T tokens, an H100 (132 SMs),
 per layer: the weights once (29.7 MB; a program reads its rows once, into registers: at most
-8192 elements, so several programs share an SM), plus from L2 the activations every program
-needs. q|k|v: 144 programs of 4 pairs, 8 rows (14 KB of W each), prologue T x 12.3 KB (3 down
-partials fp32, the residual), epilogue T x 32 B of the rope table (cos and sin of both halves of
-4 pairs, fp32) and the position and slot; it writes q, k and v (T x 2.3 KB), what the q|k|v GEMM
-alone wrote before; o: 224 of 4 rows (7 KB), T x 1.8 KB; gate|up: 1216 of 4 gate and 4 up rows
-(14 KB), T x 5.3 KB; down: 3 splits of 2048 columns x 224 blocks of 4 rows (16 KB), T x 4 KB.
+`_Tiles.tile_elems` elements, 8192 on CUDA, so several programs share an SM), plus from L2 the
+activations every program needs. q|k|v: 144 programs of 4 pairs, 8 rows (14 KB of W each),
+prologue T x 12.3 KB (3 down partials fp32, the residual), epilogue T x 32 B of the rope table
+(cos and sin of both halves of 4 pairs, fp32) and the position and slot; it writes q, k and v
+(T x 2.3 KB), what the q|k|v GEMM alone wrote before; o: 224 of 4 rows (7 KB), T x 1.8 KB;
+gate|up: 1216 of 4 gate and 4 up rows (14 KB), T x 5.3 KB; down: 3 splits of 2048 columns x 224
+blocks of 4 rows (16 KB), T x 4 KB. These launch shapes all come from one `_Tiles` (`_TILES_CUDA`,
+with the split SPLIT_K); benchmarks/sweep_decode_gemv.py times others.
 Workspace: the partials, [1, T, H] and [3, T, H] fp32 (T x 14 KB), written once and read by
 every program of the next kernel. FLOPs: 2 T per weight, fp32 on the CUDA cores (no tensor
 cores: at small T the weights' bytes bound the time, not the multiplies).
@@ -92,14 +94,16 @@ The engine launches them so wherever the device has it (`EngineConfig.gemv_pdl`)
 
 Limits: the activations are re-read by every program, programs x T x (prologue bytes) from L2:
 6.4 MB at T = 1 for gate|up, 100 MB at T = 16 (three times its weights), and the tokens run in
-tiles of 2 to 4 at this shape (`_PRODUCT_ELEMS`), one tile after another. So the path is for
-small T only, up to a threshold the caller sets from a measurement (`InferenceModel(
+tiles of 2 to 4 at this shape (`_Tiles.product_elems`), one tile after another. So the path is
+for small T only, up to a threshold the caller sets from a measurement (`InferenceModel(
 gemv_max_tokens=...)`, benchmarks/test_bench_decode_gemv.py).
 H (the norm's width) must fit one tile (H <= 16384). Forward only, no autograd. On CPU the Triton
 path runs only under TRITON_INTERPRET=1, in fp32 (the interpreter rounds to bf16 by truncation).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -114,16 +118,34 @@ from oreal_fast.kernels.trunk_inference import (add_rms_norm_eager, check_kv_poo
 # K columns per partial sum of `linear_partials` (a power of two): the down projection (K 4864)
 # gets 3 splits, the o projection (K 896) 1; one split is one program's tile width.
 SPLIT_K = 2048
-# Elements of one program's weight tile (rows x tile width, both halves with SwiGLU), held in
-# registers for the whole program: 64 fp32 a thread at 4 warps, so several programs fit an SM.
-_TILE_ELEMS = 8192
-# Elements of the tokens x rows x width product of one token tile, fp32 in registers.
-_PRODUCT_ELEMS = 16384
-# Rows and product elements per program under the interpreter: small, so tests run several
-# programs, a ragged last one, and several token tiles.
-_ROWS_INTERPRET = 4
-_PRODUCT_ELEMS_INTERPRET = 1024
 _MAX_NORM_WIDTH = 16384
+
+
+@dataclass(frozen=True)
+class _Tiles:
+    """Launch shape of the kernels, one for all four (benchmarks/sweep_decode_gemv.py sweeps it):
+    the weight tile a program holds, the rows it owns, the token tile, warps and stages."""
+
+    # elements of one program's weight tile (rows x tile width, both halves with SwiGLU or rope),
+    # held in registers for the whole program: 8192 at 4 warps is 64 fp32 a thread, so several
+    # programs fit an SM
+    tile_elems: int
+    # rows (pairs with rope) a program owns at most, a power of two: fewer where the tile would
+    # outgrow tile_elems or the programs leave a multiprocessor idle (`_rows_per_program`)
+    max_rows: int
+    # elements of the tokens x rows x width product of one token tile, fp32 in registers
+    product_elems: int
+    num_warps: int
+    # Triton's default: the one loop runs over token tiles (one or two at a decode step's T)
+    num_stages: int
+
+
+_TILES_CUDA = _Tiles(tile_elems=8192, max_rows=8, product_elems=16384, num_warps=4, num_stages=3)
+# The interpreter has no multiprocessors to fill, so a program owns max_rows rows (every tile up to
+# 2 x _MAX_NORM_WIDTH wide fits): few, so tests run several programs and a ragged last one; and
+# small token tiles, so they run several token tiles.
+_TILES_INTERPRET = _Tiles(tile_elems=4 * 2 * _MAX_NORM_WIDTH, max_rows=4, product_elems=1024, num_warps=4,
+                          num_stages=3)
 
 
 # ---------------------------------------------------------------------------------- kernels
@@ -329,23 +351,58 @@ def _linear_partials_kernel(X_ptr, W_ptr, B_ptr, P_ptr, T, K, N, stride_x, strid
 
 # ---------------------------------------------------------------------------------- launchers
 
-def _rows_per_program(num_rows: int, num_splits: int, width: int, device: torch.device) -> int:
-    """Weight rows a program owns (width: its tile's columns, both halves with SwiGLU): on CUDA
-    the most (up to 8, the tile within _TILE_ELEMS) that still give every multiprocessor a
-    program; under the interpreter a few."""
-    if device.type != "cuda":
-        return _ROWS_INTERPRET
-    num_sms = multiprocessor_count(device)
-    for rows in (8, 4, 2):
-        if rows * width <= _TILE_ELEMS and triton.cdiv(num_rows, rows) * num_splits >= num_sms:
-            return rows
-    return 1
+def _tiles(device: torch.device) -> _Tiles:
+    return tiles_for(device, _TILES_CUDA, _TILES_INTERPRET)
 
 
-def _token_tile(T: int, tile_elems: int, device: torch.device) -> int:
-    """Tokens per tile: their product with the weight tile within _PRODUCT_ELEMS."""
-    budget = tiles_for(device, _PRODUCT_ELEMS, _PRODUCT_ELEMS_INTERPRET)
-    return max(1, min(triton.next_power_of_2(T), budget // tile_elems))
+def _launch_options(tiles: _Tiles, pdl: bool) -> dict[str, int | bool]:
+    return {"num_warps": tiles.num_warps, "num_stages": tiles.num_stages, **pdl_launch(pdl)}
+
+
+def _rows_per_program(num_rows: int, num_splits: int, width: int, tiles: _Tiles, device: torch.device) -> int:
+    """Weight rows a program owns (width: its tile's columns, both halves with SwiGLU or rope): the
+    most, up to tiles.max_rows, whose tile fits tiles.tile_elems and (on CUDA) whose programs still
+    give every multiprocessor one; at least 1."""
+    min_programs = multiprocessor_count(device) if device.type == "cuda" else 1
+    rows = tiles.max_rows
+    while rows > 1 and (rows * width > tiles.tile_elems or triton.cdiv(num_rows, rows) * num_splits < min_programs):
+        rows //= 2
+    return rows
+
+
+def _token_tile(T: int, tile_elems: int, tiles: _Tiles) -> int:
+    """Tokens per tile: their product with the weight tile within tiles.product_elems."""
+    return max(1, min(triton.next_power_of_2(T), tiles.product_elems // tile_elems))
+
+
+def _norm_linear_grid(T: int, H: int, N: int, swiglu: bool, tiles: _Tiles,
+                      device: torch.device) -> tuple[tuple[int], dict[str, int]]:
+    """(grid, block sizes) of a `_norm_linear_kernel` launch."""
+    BLOCK_H = triton.next_power_of_2(H)
+    width = BLOCK_H * (2 if swiglu else 1)
+    rows = _rows_per_program(N, 1, width, tiles, device)
+    return (triton.cdiv(N, rows),), {"BLOCK_T": _token_tile(T, rows * width, tiles), "BLOCK_N": rows,
+                                     "BLOCK_H": BLOCK_H}
+
+
+def _rope_kv_grid(T: int, H: int, heads: int, half: int, tiles: _Tiles,
+                  device: torch.device) -> tuple[tuple[int], dict[str, int]]:
+    """(grid, block sizes) of a `_norm_linear_rope_kv_kernel` launch over `heads` heads of `half` pairs."""
+    BLOCK_H = triton.next_power_of_2(H)
+    # pairs a program owns, chosen as rows are with SwiGLU's two halves; no more than a head has
+    pairs = min(_rows_per_program(heads * half, 1, 2 * BLOCK_H, tiles, device), triton.next_power_of_2(half))
+    return (heads * triton.cdiv(half, pairs),), {"BLOCK_T": _token_tile(T, 2 * pairs * BLOCK_H, tiles),
+                                                 "BLOCK_J": pairs, "BLOCK_H": BLOCK_H}
+
+
+def _linear_partials_grid(T: int, K: int, N: int, split: int, tiles: _Tiles,
+                          device: torch.device) -> tuple[tuple[int, int], dict[str, int]]:
+    """(grid: row blocks x splits, block sizes) of a `_linear_partials_kernel` launch."""
+    num_splits = triton.cdiv(K, split)
+    block_k = min(split, triton.next_power_of_2(K))
+    rows = _rows_per_program(N, num_splits, block_k, tiles, device)
+    return (triton.cdiv(N, rows), num_splits), {"BLOCK_T": _token_tile(T, rows * block_k, tiles), "BLOCK_N": rows,
+                                                "BLOCK_K": block_k}
 
 
 def _check_sublayer(name: str, x: torch.Tensor, residual: torch.Tensor | None,
@@ -403,31 +460,28 @@ def _sublayer_args(x: torch.Tensor) -> tuple[int, int, int, bool]:
 
 def _launch_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                         weight: torch.Tensor, bias: torch.Tensor | None, swiglu: bool,
-                        T: int, H: int, N: int, pdl: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                        T: int, H: int, N: int, tiles: _Tiles, pdl: bool) -> tuple[torch.Tensor, torch.Tensor]:
     dtype, device = norm_weight.dtype, norm_weight.device
     num_splits, stride_xs, stride_xt, partials = _sublayer_args(x)
     y = torch.empty((T, N), dtype=dtype, device=device)
     write_residual = partials or residual is not None
     r_out = torch.empty((T, H), dtype=dtype, device=device) if write_residual else x
     if T and N:
-        BLOCK_H = triton.next_power_of_2(H)
-        width = BLOCK_H * (2 if swiglu else 1)
-        rows = _rows_per_program(N, 1, width, device)
+        grid, blocks = _norm_linear_grid(T, H, N, swiglu, tiles, device)
         r = x if residual is None else residual  # a placeholder pointer without a residual
-        _norm_linear_kernel[(triton.cdiv(N, rows),)](
+        _norm_linear_kernel[grid](
             x, r, norm_weight, weight, weight if bias is None else bias, y, r_out,
             T, H, N, stride_xs, stride_xt, r.stride(0), weight.stride(0), y.stride(0), eps,
             NUM_SPLITS=num_splits, PARTIALS=partials, HAS_RESIDUAL=residual is not None,
-            WRITE_RESIDUAL=write_residual, HAS_BIAS=bias is not None, SWIGLU=swiglu,
-            BLOCK_T=_token_tile(T, rows * width, device), BLOCK_N=rows, BLOCK_H=BLOCK_H, PDL=pdl, num_warps=4,
-            **pdl_launch(pdl))
+            WRITE_RESIDUAL=write_residual, HAS_BIAS=bias is not None, SWIGLU=swiglu, PDL=pdl, **blocks,
+            **_launch_options(tiles, pdl))
     return y, r_out
 
 
 def _launch_norm_linear_rope_kv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
                                 eps: float, weight: torch.Tensor, bias: torch.Tensor | None, positions: torch.Tensor,
                                 rope: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-                                T: int, H: int, Hq: int, pdl: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                                T: int, H: int, Hq: int, tiles: _Tiles, pdl: bool) -> tuple[torch.Tensor, torch.Tensor]:
     dtype, device = norm_weight.dtype, norm_weight.device
     _, _, Hkv, D = k_cache.shape
     num_splits, stride_xs, stride_xt, partials = _sublayer_args(x)
@@ -435,20 +489,44 @@ def _launch_norm_linear_rope_kv(x: torch.Tensor, residual: torch.Tensor | None, 
     write_residual = partials or residual is not None
     r_out = torch.empty((T, H), dtype=dtype, device=device) if write_residual else x
     if T:
-        BLOCK_H, half, heads = triton.next_power_of_2(H), D // 2, Hq + 2 * Hkv
-        # pairs a program owns, chosen as rows are with SwiGLU's two halves; no more than a head has
-        pairs = min(_rows_per_program(heads * half, 1, 2 * BLOCK_H, device), triton.next_power_of_2(half))
+        grid, blocks = _rope_kv_grid(T, H, Hq + 2 * Hkv, D // 2, tiles, device)
         r = x if residual is None else residual  # a placeholder pointer without a residual
-        _norm_linear_rope_kv_kernel[(heads * triton.cdiv(half, pairs),)](
+        _norm_linear_rope_kv_kernel[grid](
             x, r, norm_weight, weight, weight if bias is None else bias, positions, rope, slots,
             q, k_cache, v_cache, r_out,
             T, H, stride_xs, stride_xt, r.stride(0), weight.stride(0), rope.stride(0), rope.stride(1),
             k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2), eps,
-            HQ=Hq, HKV=Hkv, HALF=half, NUM_SPLITS=num_splits, PARTIALS=partials,
-            HAS_RESIDUAL=residual is not None, WRITE_RESIDUAL=write_residual, HAS_BIAS=bias is not None,
-            BLOCK_T=_token_tile(T, 2 * pairs * BLOCK_H, device), BLOCK_J=pairs, BLOCK_H=BLOCK_H, PDL=pdl,
-            num_warps=4, **pdl_launch(pdl))
+            HQ=Hq, HKV=Hkv, HALF=D // 2, NUM_SPLITS=num_splits, PARTIALS=partials,
+            HAS_RESIDUAL=residual is not None, WRITE_RESIDUAL=write_residual, HAS_BIAS=bias is not None, PDL=pdl,
+            **blocks, **_launch_options(tiles, pdl))
     return q, r_out
+
+
+def _launch_linear_partials(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, split: int,
+                            T: int, K: int, N: int, tiles: _Tiles, pdl: bool) -> torch.Tensor:
+    out = torch.empty((triton.cdiv(K, split), T, N), dtype=torch.float32, device=x.device)
+    if T and N:
+        grid, blocks = _linear_partials_grid(T, K, N, split, tiles, x.device)
+        _linear_partials_kernel[grid](
+            x, weight, weight if bias is None else bias, out, T, K, N, x.stride(0), weight.stride(0),
+            out.stride(0), out.stride(1), HAS_BIAS=bias is not None, PDL=pdl, **blocks,
+            **_launch_options(tiles, pdl))
+    return out
+
+
+def _launch_add_rms_norm_partials(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                                  T: int, H: int, tiles: _Tiles, pdl: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    num_splits, stride_xs, stride_xt, partials = _sublayer_args(x)
+    out = torch.empty((T, H), dtype=weight.dtype, device=weight.device)
+    write_residual = partials or residual is not None
+    r_out = torch.empty((T, H), dtype=weight.dtype, device=weight.device) if write_residual else x
+    if T:
+        r = x if residual is None else residual  # a placeholder pointer without a residual
+        _add_rms_norm_partials_kernel[(T,)](
+            x, r, weight, out, r_out, H, stride_xs, stride_xt, r.stride(0), eps, NUM_SPLITS=num_splits,
+            PARTIALS=partials, HAS_RESIDUAL=residual is not None, WRITE_RESIDUAL=write_residual,
+            BLOCK_H=triton.next_power_of_2(H), PDL=pdl, **_launch_options(tiles, pdl))
+    return out, r_out
 
 
 # ---------------------------------------------------------------------------------- public API
@@ -482,7 +560,8 @@ def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: tor
     N = _check_linear("norm_linear", H, weight, bias, norm_weight.dtype, swiglu)
     _check_device_and_dtype("norm_linear", norm_weight.dtype, x, residual, norm_weight, weight, bias)
     check_pdl("norm_linear", pdl, norm_weight.device)
-    return _launch_norm_linear(x, residual, norm_weight, eps, weight, bias, swiglu, T, H, N, pdl)
+    return _launch_norm_linear(x, residual, norm_weight, eps, weight, bias, swiglu, T, H, N,
+                               _tiles(norm_weight.device), pdl)
 
 
 def norm_linear_eager(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
@@ -545,7 +624,7 @@ def norm_linear_rope_kv(x: torch.Tensor, residual: torch.Tensor | None, norm_wei
                             slots)
     check_pdl(name, pdl, norm_weight.device)
     return _launch_norm_linear_rope_kv(x, residual, norm_weight, eps, weight, bias, positions, rope, k_cache,
-                                       v_cache, slots, T, H, rows // D - 2 * Hkv, pdl)
+                                       v_cache, slots, T, H, rows // D - 2 * Hkv, _tiles(norm_weight.device), pdl)
 
 
 def norm_linear_rope_kv_eager(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
@@ -582,17 +661,7 @@ def add_rms_norm_partials(x: torch.Tensor, residual: torch.Tensor | None, weight
     T, H = _check_sublayer("add_rms_norm_partials", x, residual, weight)
     _check_device_and_dtype("add_rms_norm_partials", weight.dtype, x, residual, weight)
     check_pdl("add_rms_norm_partials", pdl, weight.device)
-    num_splits, stride_xs, stride_xt, partials = _sublayer_args(x)
-    out = torch.empty((T, H), dtype=weight.dtype, device=weight.device)
-    write_residual = partials or residual is not None
-    r_out = torch.empty((T, H), dtype=weight.dtype, device=weight.device) if write_residual else x
-    if T:
-        r = x if residual is None else residual  # a placeholder pointer without a residual
-        _add_rms_norm_partials_kernel[(T,)](
-            x, r, weight, out, r_out, H, stride_xs, stride_xt, r.stride(0), eps, NUM_SPLITS=num_splits,
-            PARTIALS=partials, HAS_RESIDUAL=residual is not None, WRITE_RESIDUAL=write_residual,
-            BLOCK_H=triton.next_power_of_2(H), PDL=pdl, num_warps=4, **pdl_launch(pdl))
-    return out, r_out
+    return _launch_add_rms_norm_partials(x, residual, weight, eps, T, H, _tiles(weight.device), pdl)
 
 
 def add_rms_norm_partials_eager(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
@@ -626,16 +695,7 @@ def linear_partials(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     T, K, N = _check_partials_args(x, weight, bias, split)
     _check_device_and_dtype("linear_partials", x.dtype, x, weight, bias)
     check_pdl("linear_partials", pdl, x.device)
-    num_splits = triton.cdiv(K, split)
-    out = torch.empty((num_splits, T, N), dtype=torch.float32, device=x.device)
-    if T and N:
-        block_k = min(split, triton.next_power_of_2(K))
-        rows = _rows_per_program(N, num_splits, block_k, x.device)
-        _linear_partials_kernel[(triton.cdiv(N, rows), num_splits)](
-            x, weight, weight if bias is None else bias, out, T, K, N, x.stride(0), weight.stride(0),
-            out.stride(0), out.stride(1), HAS_BIAS=bias is not None, BLOCK_T=_token_tile(T, rows * block_k, x.device),
-            BLOCK_N=rows, BLOCK_K=block_k, PDL=pdl, num_warps=4, **pdl_launch(pdl))
-    return out
+    return _launch_linear_partials(x, weight, bias, split, T, K, N, _tiles(x.device), pdl)
 
 
 def linear_partials_eager(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,

@@ -1,6 +1,7 @@
 """norm_linear, norm_linear_rope_kv, linear_partials, add_rms_norm_partials: the few-token GEMV
-kernels against their eager twins on fresh random inputs, and the InferenceModel with its
-few-token path on against off.
+kernels against their eager twins on fresh random inputs, at the default launch shapes and at
+others (as the tile sweep launches them), and the InferenceModel with its few-token path on
+against off.
 
 CPU: fp32 under TRITON_INTERPRET=1, small odd shapes (the interpreter rounds to bf16 by
 truncation, so bf16 runs on the GPU only). GPU: bf16, the same cases, plus the Qwen2.5-0.5B
@@ -31,6 +32,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from oreal_fast.kernels import decode_gemv
 from oreal_fast.kernels.common import pdl_available
 from oreal_fast.kernels.decode_gemv import (add_rms_norm_partials, add_rms_norm_partials_eager, linear_partials,
                                             linear_partials_eager, norm_linear, norm_linear_eager,
@@ -127,7 +129,15 @@ def _linear_bound(h, weight, bias, ref, dtype):
 @pytest.mark.parametrize("has_bias", [False, True], ids=["no_bias", "bias"])
 @pytest.mark.parametrize("swiglu", [False, True], ids=["linear", "swiglu"])
 def test_norm_linear_matches_eager(device, T, kind, has_bias, swiglu):
-    H, N = 72, 37  # odd output width: a ragged last program
+    x, residual, norm_w, weight, bias = args = _norm_linear_case(device, T, kind, has_bias, swiglu)
+    y, r = norm_linear(x, residual, norm_w, EPS, weight, bias, swiglu=swiglu)
+    _assert_norm_linear_matches_eager(kind, args, swiglu, y, r)
+
+
+def _norm_linear_case(device, T, kind, has_bias, swiglu):
+    """(x, residual, norm_w, weight, bias) of a norm_linear call: H 72, N 37 (an odd output width:
+    a ragged last program)."""
+    H, N = 72, 37
     g = torch.Generator().manual_seed(T * 100 + H)
     dtype = _dtype(device)
     x, residual = _sublayer_input(kind, T, H, dtype, device, g)
@@ -135,15 +145,22 @@ def test_norm_linear_matches_eager(device, T, kind, has_bias, swiglu):
     rows = 2 * N if swiglu else N
     weight = (torch.randn(rows, H, generator=g) / H**0.5).to(device, dtype)
     bias = torch.randn(rows, generator=g).to(device, dtype) if has_bias else None
-    y, r = norm_linear(x, residual, norm_w, EPS, weight, bias, swiglu=swiglu)
+    return x, residual, norm_w, weight, bias
+
+
+def _assert_norm_linear_matches_eager(kind, args, swiglu, y, r):
+    """norm_linear's outputs (y, r) for `_norm_linear_case`'s args against the twin's, within the
+    module docstring's bounds."""
+    x, residual, norm_w, weight, bias = args
+    dtype = norm_w.dtype
     y_ref, r_ref = norm_linear_eager(x, residual, norm_w, EPS, weight, bias, swiglu=swiglu)
-    assert y.shape == (T, N) and y.is_contiguous() and r.shape == (T, H)
+    assert y.shape == y_ref.shape and y.is_contiguous() and r.shape == r_ref.shape
     _assert_residual(kind, x, r, r_ref)
     h = add_rms_norm_eager(x.sum(0).to(dtype) if kind == "partials" else x, residual, norm_w, EPS)[0]
     if not swiglu:
         _assert_within(y, y_ref, _linear_bound(h, weight, bias, y_ref, dtype), _rounded_once(h, weight, bias, dtype))
         return
-    (wg, wu), (bg, bu) = weight.chunk(2), (bias.chunk(2) if has_bias else (None, None))
+    (wg, wu), (bg, bu) = weight.chunk(2), (bias.chunk(2) if bias is not None else (None, None))
     gate, up = F.linear(h, wg, bg), F.linear(h, wu, bu)
     bound_g, bound_u = _linear_bound(h, wg, bg, gate, dtype), _linear_bound(h, wu, bu, up, dtype)
     bound = (1.1 * up.float().abs() * bound_g + F.silu(gate.float()).abs() * bound_u
@@ -162,12 +179,19 @@ def test_linear_partials_matches_eager_and_sums_to_the_product(device, T, K, N, 
     x = torch.randn(T, K + 7, generator=g).to(device, dtype)[:, :K]
     weight = (torch.randn(N, K, generator=g) / K**0.5).to(device, dtype)
     bias = torch.randn(N, generator=g).to(device, dtype) if has_bias else None
-    got, ref = linear_partials(x, weight, bias, split=split), linear_partials_eager(x, weight, bias, split=split)
+    _assert_partials_match_eager(x, weight, bias, split, linear_partials(x, weight, bias, split=split))
+
+
+def _assert_partials_match_eager(x, weight, bias, split, got):
+    """linear_partials' output against the twin's (the sum order inside a split aside) and, summed,
+    against the exact product."""
+    (T, K), N = x.shape, weight.shape[0]
+    ref = linear_partials_eager(x, weight, bias, split=split)
     S = -(-K // split)
     assert got.shape == (S, T, N) and got.dtype == torch.float32 and got.is_contiguous()
     terms = torch.stack([xs.float().abs() @ ws.float().abs().T for xs, ws in zip(x.split(split, 1),
                                                                                    weight.split(split, 1))])
-    if has_bias:
+    if bias is not None:
         terms[0] += bias.float().abs()
     _assert_within(got, ref, 8 * EPS32 * terms)
     exact = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
@@ -234,16 +258,23 @@ def _unfused_chain(x, residual, norm_w, eps, weight, bias, positions, rope, k_ca
 @pytest.mark.parametrize("has_bias", [False, True], ids=["no_bias", "bias"])
 def test_norm_linear_rope_kv_matches_eager(device, T, kind, has_bias):
     args, pools = _rope_kv_case(device, T, kind, has_bias, seed=T * 10 + len(kind))
+    _assert_rope_kv_matches_eager(kind, args, pools, _run_rope_kv(norm_linear_rope_kv, args, pools))
+
+
+def _assert_rope_kv_matches_eager(kind, args, pools, got):
+    """norm_linear_rope_kv's (q, residual, k_pool, v_pool) as `_run_rope_kv` returns them against
+    the twin's: the slots the call names within the bounds of the module docstring, the others as
+    they were."""
     x, residual, norm_w, _, weight, bias, _, _, slots = args
-    dtype = _dtype(device)
-    q, r, k_pool, v_pool = _run_rope_kv(norm_linear_rope_kv, args, pools)
+    dtype, T = norm_w.dtype, slots.shape[0]
+    q, r, k_pool, v_pool = got
     q_ref, r_ref, k_ref, v_ref = _run_rope_kv(norm_linear_rope_kv_eager, args, pools)
     assert q.shape == (T, HQ, D) and q.dtype == dtype and q.is_contiguous() and r.shape == (T, H_ROPE)
     _assert_residual(kind, x, r, r_ref)
-    untouched = torch.ones(pools.shape[1] * BLOCK_SIZE, dtype=torch.bool, device=device)
+    untouched = torch.ones(pools.shape[1] * BLOCK_SIZE, dtype=torch.bool, device=slots.device)
     untouched[slots] = False
-    for got, before in ((k_pool, pools[0]), (v_pool, pools[1])):
-        assert torch.equal(got.view(-1, HKV, D)[untouched], before.view(-1, HKV, D)[untouched])
+    for pool, before in ((k_pool, pools[0]), (v_pool, pools[1])):
+        assert torch.equal(pool.view(-1, HKV, D)[untouched], before.view(-1, HKV, D)[untouched])
     # the q|k|v projection as the twin makes it, its bound, and its partner columns (halves swapped)
     h = add_rms_norm_eager(x.sum(0).to(dtype) if kind == "partials" else x, residual, norm_w, EPS)[0]
     y = F.linear(h, weight, bias)
@@ -379,6 +410,79 @@ def test_norm_linear_rope_kv_bad_inputs_raise():
             call(**kw)
     with pytest.raises(ValueError, match="impl must be 'eager'"):
         norm_linear_rope_kv_eager(x, None, w, EPS, W, None, pos, rope, pool, pool.clone(), pos, impl="triton")
+
+
+# ---------------------------------------------------------------------------------- other launch shapes
+
+# Launch shapes besides the defaults, as benchmarks/sweep_decode_gemv.py launches them, and T for
+# each. Under the interpreter, at these tests' shapes: programs of 1 or 2 rows (pairs) and one token
+# tile of 16 (small_tile, T 9), or of 8 rows (pairs: a whole head) and single tokens (eight_rows,
+# T 7), where the defaults give 4 rows and tiles of 1 to 8 tokens; warps and stages other than
+# Triton's defaults. T differs between them so that no output a program fails to write can hold,
+# in memory the allocator hands back, the same case's right value from the test before.
+OTHER_TILES = {"small_tile": (decode_gemv._Tiles(tile_elems=128, max_rows=4, product_elems=4096, num_warps=2,
+                                                 num_stages=1), 9),
+               "eight_rows": (decode_gemv._Tiles(tile_elems=2**17, max_rows=8, product_elems=512, num_warps=8,
+                                                 num_stages=2), 7)}
+
+
+def _assert_launch_differs(device, tiles, grid_of):
+    """grid_of(tiles) -> (grid, block sizes) is not the defaults' under the interpreter (on the GPU
+    the multiprocessor count may bring these small cases' launches back together)."""
+    if device == "cpu":
+        assert grid_of(tiles) != grid_of(decode_gemv._tiles(torch.device(device)))
+
+
+@pytest.mark.parametrize("tiles, T", OTHER_TILES.values(), ids=OTHER_TILES.keys())
+@pytest.mark.parametrize("swiglu", [False, True], ids=["linear", "swiglu"])
+def test_norm_linear_at_other_tiles_matches_eager(device, tiles, T, swiglu):
+    x, residual, norm_w, weight, bias = args = _norm_linear_case(device, T, "partials", True, swiglu)
+    H, N = residual.shape[1], weight.shape[0] // (2 if swiglu else 1)
+    _assert_launch_differs(device, tiles, lambda t: decode_gemv._norm_linear_grid(T, H, N, swiglu, t, x.device))
+    y, r = decode_gemv._launch_norm_linear(x, residual, norm_w, EPS, weight, bias, swiglu, T, H, N, tiles, False)
+    _assert_norm_linear_matches_eager("partials", args, swiglu, y, r)
+
+
+@pytest.mark.parametrize("tiles, T", OTHER_TILES.values(), ids=OTHER_TILES.keys())
+def test_norm_linear_rope_kv_at_other_tiles_matches_eager(device, tiles, T):
+    args, pools = _rope_kv_case(device, T, "partials", True, seed=T + 11)
+    x = args[0]
+    _assert_launch_differs(device, tiles, lambda t: decode_gemv._rope_kv_grid(T, H_ROPE, HQ + 2 * HKV, D // 2, t,
+                                                                               x.device))
+
+    def launch(x, residual, norm_w, eps, weight, bias, positions, rope, k_cache, v_cache, slots):
+        return decode_gemv._launch_norm_linear_rope_kv(x, residual, norm_w, eps, weight, bias, positions, rope,
+                                                       k_cache, v_cache, slots, T, H_ROPE, HQ, tiles, False)
+
+    _assert_rope_kv_matches_eager("partials", args, pools, _run_rope_kv(launch, args, pools))
+
+
+@pytest.mark.parametrize("tiles, T", OTHER_TILES.values(), ids=OTHER_TILES.keys())
+def test_linear_partials_at_other_tiles_matches_eager(device, tiles, T):
+    """K 80 in splits of 32 (the last ragged), N 37."""
+    g = torch.Generator().manual_seed(T + 5)
+    dtype = _dtype(device)
+    K, N, split = 80, 37, SPLIT
+    x = torch.randn(T, K, generator=g).to(device, dtype)
+    weight = (torch.randn(N, K, generator=g) / K**0.5).to(device, dtype)
+    bias = torch.randn(N, generator=g).to(device, dtype)
+    _assert_launch_differs(device, tiles, lambda t: decode_gemv._linear_partials_grid(T, K, N, split, t, x.device))
+    got = decode_gemv._launch_linear_partials(x, weight, bias, split, T, K, N, tiles, False)
+    _assert_partials_match_eager(x, weight, bias, split, got)
+
+
+@pytest.mark.parametrize("tiles, T", OTHER_TILES.values(), ids=OTHER_TILES.keys())
+def test_add_rms_norm_partials_at_other_tiles_matches_eager(device, tiles, T):
+    """Only warps and stages reach this kernel (a program per token)."""
+    H = 200
+    g = torch.Generator().manual_seed(T + 3)
+    dtype = _dtype(device)
+    x, residual = _sublayer_input("partials", T, H, dtype, device, g)
+    w = (1 + 0.2 * torch.randn(H, generator=g)).to(device, dtype)
+    normed, r = decode_gemv._launch_add_rms_norm_partials(x, residual, w, EPS, T, H, tiles, False)
+    normed_ref, r_ref = add_rms_norm_partials_eager(x, residual, w, EPS)
+    _assert_residual("partials", x, r, r_ref)
+    _assert_within(normed, normed_ref, (16 * EPS32 + 2 * _low_eps(dtype)) * normed_ref.float().abs())
 
 
 # ---------------------------------------------------------------------------------- the model
