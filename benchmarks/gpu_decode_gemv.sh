@@ -9,17 +9,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results/gpu_decode_gemv}
-mkdir -p "$OUT"
 export OUT PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" | tee "$OUT/env.txt"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv >> "$OUT/env.txt" 2>&1
-
-step() {  # name, seconds, command...
-  local name=$1 limit=$2 t0=$SECONDS
-  shift 2
-  timeout "$limit" "$@"
-  echo "== $name: exit $? in $((SECONDS - t0)) s (limit $limit s)" | tee -a "$OUT/steps.txt"
-}
+. benchmarks/gpu_steps.sh
 step tests 90 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_decode_gemv.py > "$OUT/tests.log" 2>&1
 grep -E "FAILED|Error|passed|failed" "$OUT/tests.log" | tail -8
 step sweep 180 python3 benchmarks/sweep_decode_gemv.py > "$OUT/sweep.log" 2>&1

@@ -8,17 +8,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results/gpu_kernels}
-mkdir -p "$OUT"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" | tee "$OUT/env.txt"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv >> "$OUT/env.txt" 2>&1
-
-step() {  # name, seconds, command...
-  local name=$1 limit=$2 t0=$SECONDS
-  shift 2
-  timeout "$limit" "$@"
-  echo "== $name: exit $? in $((SECONDS - t0)) s (limit $limit s)" | tee -a "$OUT/steps.txt"
-}
+. benchmarks/gpu_steps.sh
 step tests 100 python3 -m pytest -q -p no:cacheprovider \
   tests/kernels/test_paged_attention.py tests/kernels/test_sampling_kernel.py > "$OUT/tests.log" 2>&1
 tail -3 "$OUT/tests.log"
