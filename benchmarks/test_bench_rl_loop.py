@@ -14,7 +14,7 @@ Providers:
   merged_16k      merged with half the token budget (16384, the longest sequence's length): micro-batches
                   half as large, whose activations fit the cap with no block recomputed
   merged_varlen   merged with the flash varlen kernel for every row (attention_backend "varlen"; the
-                  others run "auto": cuDNN per sequence for a row holding a sequence of 8192 tokens or more)
+                  others run "auto": cuDNN per sequence for a row whose sequences all have 8192 tokens or more)
 Cases (fixed seeds):
   short  64 kept sequences, 32 prompts x 2 samples, 470-token prompt + 150..220-token responses
          (~660 tokens each, the shape of a capped-response run)

@@ -289,7 +289,7 @@ class TrainConfig:
     CUDA with bf16/fp16, sdpa otherwise) | varlen (torch's flash varlen kernel over the packed row) | sdpa
     (PyTorch's scaled_dot_product_attention per sequence, any device) | cudnn (the same with its cuDNN
     kernel forced, each sequence padded to a multiple of 256 tokens so that cuDNN builds a bounded set of
-    graphs) | by_length (cudnn for a micro-batch row whose longest sequence has at least 8192 tokens,
+    graphs) | by_length (cudnn for a micro-batch row whose sequences all have at least 8192 tokens,
     varlen for the others). varlen, cudnn and by_length need a GPU and dtype bf16, fp16 or auto. On an H100
     cudnn's attention took 8.3 ms to varlen's 12.5 ms at 2 x 16384 tokens (one layer, forward + backward;
     benchmarks/test_bench_attention.py). Generation attends through the rollout engine's own kernels

@@ -30,8 +30,10 @@ result up to rounding, which the tests check against each other.
   never on the packed row's length.
   For the backward it keeps, as "sdpa" does, one [T, Hq, D] tensor a layer more than "varlen" (the
   per-sequence outputs and their packed copy), and K and V at the query heads where it expands them.
-- "by_length", what "auto" picks on CUDA with bf16/fp16: "cudnn" for a row whose longest sequence
-  has at least `CUDNN_MIN_LENGTH` tokens (and whose host bounds are given), "varlen" otherwise.
+- "by_length", what "auto" picks on CUDA with bf16/fp16: "cudnn" for a row whose sequences all have
+  at least `CUDNN_MIN_LENGTH` tokens (and whose host bounds are given), "varlen" otherwise: a row
+  that also holds short sequences would run each of them as a cuDNN call of its own, padded to
+  `CUDNN_LENGTH_BUCKET`, in every layer, and that has not been measured against varlen.
 
 This module does not do KV caches: generation passes its own cache object to `Decoder.forward`
 (`oreal_fast.rollout`).
@@ -62,8 +64,8 @@ HALF_DTYPES = (torch.bfloat16, torch.float16)
 # "cudnn" pads each sequence to a multiple of this many tokens: cuDNN builds a graph per shape, so a
 # run meets at most max_len / 256 of them (~0.15 s each, forward and backward, on an H100)
 CUDNN_LENGTH_BUCKET = 256
-# "by_length" (what "auto" picks on CUDA) sends a row whose longest sequence has at least this many
-# tokens to "cudnn", a shorter one to "varlen". On an H100, one layer's forward + backward of 2
+# "by_length" (what "auto" picks on CUDA) sends a row whose sequences all have at least this many
+# tokens to "cudnn", any other row to "varlen". On an H100, one layer's forward + backward of 2
 # sequences: cudnn 1.38x varlen at 8192 and 1.48x at 16384, 1.37x at 4096 where the whole RL
 # micro-batch benchmark could not tell them apart in three runs, slower at 2048 and below
 # (benchmarks/RESULTS.md)
@@ -202,7 +204,8 @@ def _make_by_length_backend() -> AttentionBackend:
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
         cu_seqlens_host: tuple[int, ...] | None = None,
     ) -> torch.Tensor:
-        if cu_seqlens_host is not None and max_seqlen >= CUDNN_MIN_LENGTH:
+        if cu_seqlens_host is not None and max_seqlen >= CUDNN_MIN_LENGTH and all(
+                end - start >= CUDNN_MIN_LENGTH for start, end in zip(cu_seqlens_host[:-1], cu_seqlens_host[1:])):
             return cudnn(q, k, v, cu_seqlens, max_seqlen, cu_seqlens_host)
         return varlen(q, k, v, cu_seqlens, max_seqlen, cu_seqlens_host)
 

@@ -56,18 +56,21 @@ def test_auto_picks_by_length_for_half_compute_on_cuda_and_sdpa_elsewhere():
         assert resolve_backend_name("auto", "cuda", torch.bfloat16) == "by_length"
 
 
-def test_by_length_sends_rows_of_long_sequences_to_cudnn_and_the_others_to_varlen(monkeypatch):
+def test_by_length_sends_rows_of_long_sequences_only_to_cudnn_and_the_others_to_varlen(monkeypatch):
     calls = []
     monkeypatch.setattr(attention, "_make_varlen_backend", lambda: lambda *args: calls.append("varlen"))
     monkeypatch.setattr(attention, "_make_cudnn_backend", lambda: lambda *args: calls.append("cudnn"))
     backend = make_backend("by_length")
     q, k, v = _qkv()
-    cu = torch.tensor(BOUNDS, dtype=torch.int32)
-    long_len = attention.CUDNN_MIN_LENGTH
-    backend(q, k, v, cu, long_len, BOUNDS)
-    backend(q, k, v, cu, long_len - 1, BOUNDS)
-    backend(q, k, v, cu, long_len)  # no host bounds: cudnn would have to sync, varlen does not
-    assert calls == ["cudnn", "varlen", "varlen"]
+    cu = torch.tensor(BOUNDS, dtype=torch.int32)  # LENS = [5, 11, 1, 7]
+    monkeypatch.setattr(attention, "CUDNN_MIN_LENGTH", 5)
+    long_only = (0, 5, 16, 24)  # 5, 11, 8 tokens: every sequence long
+    backend(q, k, v, torch.tensor(long_only, dtype=torch.int32), 11, long_only)
+    backend(q, k, v, cu, 11, BOUNDS)  # a sequence of 1 token beside the long ones
+    backend(q, k, v, torch.tensor(long_only, dtype=torch.int32), 11)  # no host bounds: cudnn would sync
+    monkeypatch.setattr(attention, "CUDNN_MIN_LENGTH", 12)
+    backend(q, k, v, torch.tensor(long_only, dtype=torch.int32), 11, long_only)  # none long enough
+    assert calls == ["cudnn", "varlen", "varlen", "varlen"]
 
 
 def test_cudnn_refuses_a_call_without_host_bounds():
