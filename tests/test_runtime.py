@@ -134,6 +134,7 @@ def _worker(rank: int, port: int, out_path: str) -> None:
         results = {"fp32": _forward(fp32), "bf16": _forward(bf16), "world_size": dp.world_size}
         if dp.is_main:
             torch.save(results, out_path)
+        torch.distributed.barrier()  # neither rank leaves the group while the other still works in it
     finally:
         close_data_parallel()
 
