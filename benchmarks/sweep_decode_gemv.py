@@ -55,9 +55,8 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from gpu_timing import graph_seconds
+from gpu_timing import copy_gb_per_s, graph_seconds
 from rl_shapes import QWEN25_05B
-from sweep_decode_kernels import copy_gb_per_s
 
 from oreal_fast.kernels import decode_gemv as dg
 from oreal_fast.kernels.common import pdl_available

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from gpu_timing import graph_seconds
+from gpu_timing import copy_gb_per_s, graph_seconds
 
 pa = importlib.import_module("oreal_fast.kernels.paged_attention")
 
@@ -28,12 +28,6 @@ ATTN_SHAPES = [(256, 2048, 2048), (64, 8192, 8192), (256, 128, 128), (16, 128, 1
 TILE_SHAPES = [(32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 8, 2), (64, 8, 3), (128, 4, 2),
                (128, 4, 3)]  # (block_n, num_warps, num_stages)
 PROGRAMS_PER_SM = (2, 4, 8)
-
-
-def copy_gb_per_s() -> float:
-    src = torch.empty(2**29, dtype=torch.bfloat16, device="cuda")
-    dst = torch.empty_like(src)
-    return 2 * src.numel() * 2 / graph_seconds(lambda: dst.copy_(src), calls=4) / 1e9
 
 
 def attention_inputs(B: int, L: int, table_tokens: int):

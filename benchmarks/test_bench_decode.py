@@ -46,6 +46,8 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from gpu_timing import copy_gb_per_s
+
 import oreal_fast
 from oreal_fast.model.decoder import Decoder, DecoderConfig
 from oreal_fast.rollout import EngineConfig, PagedEngine, SamplingParams
@@ -76,18 +78,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def copy_gbps() -> float:
-    src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        dst.copy_(src)
-    end.record()
-    end.synchronize()
-    seconds = start.elapsed_time(end) / 1e3 / 10
-    return 2 * src.numel() / seconds / 1e9
+    return copy_gb_per_s()
 
 
 def make_engine(model, batch: int, context: int, steps_per_round: int | None, gemv: int | None,

@@ -27,6 +27,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import gpu_timing
 from baseline import baseline_module
 from oreal_fast.kernels import paged_decode_attention
 
@@ -42,18 +43,8 @@ CALLS = 20
 
 @pytest.fixture(scope="session")
 def copy_gb_per_s() -> float:
-    """Device-to-device copy rate of 1 GiB, read + write bytes, median of 10."""
-    src = torch.empty(2**29, dtype=torch.bfloat16, device="cuda")
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(12):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return 2 * src.numel() * 2 / sorted(times[2:])[5] / 1e9
+    """Device-to-device copy rate of 1 GiB, read + write bytes (`gpu_timing.copy_gb_per_s`)."""
+    return gpu_timing.copy_gb_per_s()
 
 
 def graph_of(fn, calls: int) -> torch.cuda.CUDAGraph:
