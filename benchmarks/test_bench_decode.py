@@ -6,8 +6,9 @@ Cases `B{batch}-C{context}`: 1@128, 16@128, 64@128, 256@128, 256@2048 and 64@819
 default `decode_steps_per_round`; `-D{d}` cases at 1@128 and 256@128 with d = 1, 4, 32; `-G16` cases
 at 1, 4 and 16 @128 with the few-token GEMV layers on (`gemv_max_tokens` 16); `-noP` cases at 1@128
 (the default GEMV threshold) and 4@128 (`-G16`) with those layers' kernels launched plainly, not with
-programmatic dependent launch (`gemv_pdl`, the default on Hopper and later). The `-D`, `-G` and `-noP`
-cases run only where `EngineConfig` has that key, so the file also runs against engines from before it. Each of
+programmatic dependent launch (`gemv_pdl`, the default on Hopper and later). A case that sets an
+`EngineConfig` key runs only where the engine has that key, so the file also runs against engines
+from before it. Each of
 the `batch` rows has its own random prompt of `context` tokens (no shared prefix: every step reads
 every row's KV), top-p 0.9, no stop token. Only the public engine API is used.
 
@@ -20,8 +21,10 @@ N and N + E are multiples of every round length measured, so both calls run whol
 rounds' host work is counted in its share.
 
 extra_info per case:
-  batch, context, steps_per_round, gemv_max_tokens, gemv_pdl (None: the engine's default, or an engine
-                 without the key)
+  batch, context
+  engine_overrides  the EngineConfig keys the case sets besides the defaults (the pool, max_num_seqs
+                 and max_model_len are sized per case)
+  engine_config  every field of the EngineConfig the case ran with
   step_ms        wall time of one decode step, as above
   floor_ms       (bf16 weights + the KV the step reads, batch x (context + N + E / 2) x 12 KiB) over copy_gbps
   copy_gbps      device-to-device copy of 1 GiB, (read + write bytes) / time, measured in this run
@@ -39,6 +42,7 @@ extra_info per case:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import time
 
@@ -60,12 +64,17 @@ N, E = 32, 64  # decode steps of the short call, extra steps of the long one
 PROFILE_STEPS = (8, 16)
 ROUNDS = 7
 GRID = [(1, 128), (16, 128), (64, 128), (256, 128), (256, 2048), (64, 8192)]
-# (batch, context, steps per round, gemv_max_tokens, gemv_pdl): None = the engine's default
-CASES = ([(b, c, None, None, None) for b, c in GRID] + [(b, 128, d, None, None) for b in (1, 256) for d in (1, 4, 32)]
-         + [(b, 128, None, 16, None) for b in (1, 4, 16)] + [(1, 128, None, None, False), (4, 128, None, 16, False)])
-HAS_ROUNDS = "decode_steps_per_round" in EngineConfig.__dataclass_fields__
-HAS_GEMV = "gemv_max_tokens" in EngineConfig.__dataclass_fields__
-HAS_PDL = "gemv_pdl" in EngineConfig.__dataclass_fields__
+
+
+def case(batch: int, context: int, suffix: str = "", **engine):
+    """One case: `batch` rows of `context` tokens, `engine` the EngineConfig keys it sets (id B{batch}-C{context}{suffix})."""
+    return pytest.param(batch, context, engine, id=f"B{batch}-C{context}{suffix}")
+
+
+CASES = ([case(b, c) for b, c in GRID]
+         + [case(b, 128, f"-D{d}", decode_steps_per_round=d) for b in (1, 256) for d in (1, 4, 32)]
+         + [case(b, 128, "-G16", gemv_max_tokens=16) for b in (1, 4, 16)]
+         + [case(1, 128, "-noP", gemv_pdl=False), case(4, 128, "-G16-noP", gemv_max_tokens=16, gemv_pdl=False)])
 
 
 @pytest.fixture(scope="module")
@@ -81,17 +90,13 @@ def copy_gbps() -> float:
     return copy_gb_per_s()
 
 
-def make_engine(model, batch: int, context: int, steps_per_round: int | None, gemv: int | None,
-                pdl: bool | None, cuda_graph: bool) -> PagedEngine:
-    max_len = context + N + E + 1
-    blocks_per_row = -(-max_len // 16)
-    pool = int(1.05 * (batch + 1) * blocks_per_row * 16 * KV_BYTES_PER_TOKEN)  # every row at once, no preemption
-    extra = {} if steps_per_round is None else {"decode_steps_per_round": steps_per_round}
-    extra |= {} if gemv is None else {"gemv_max_tokens": gemv}
-    extra |= {} if pdl is None else {"gemv_pdl": pdl}
-    config = EngineConfig(max_model_len=max_len, kv_cache_bytes=pool, max_num_seqs=batch, cuda_graph=cuda_graph,
-                          **extra)
-    return PagedEngine(model, config, dtype=torch.bfloat16)
+def make_engine(model, batch: int, context: int, engine: dict, cuda_graph: bool) -> PagedEngine:
+    """The case's engine: block tables spanning the case's tokens (unless `engine` sets max_model_len)
+    and a pool that holds every row at once (no preemption) and one max_model_len sequence."""
+    sized = {"max_model_len": context + N + E + 1, "max_num_seqs": batch, "cuda_graph": cuda_graph} | engine
+    tokens = max((batch + 1) * (context + N + E + 1), sized["max_model_len"])
+    pool = int(1.05 * (-(-tokens // 16) + batch + 1) * 16 * KV_BYTES_PER_TOKEN)  # + a partial block per row
+    return PagedEngine(model, EngineConfig(kv_cache_bytes=pool, **sized), dtype=torch.bfloat16)
 
 
 def decode_call(engine: PagedEngine, prompts: list[list[int]], steps: int):
@@ -165,33 +170,29 @@ def free_memory() -> None:
     torch.cuda.empty_cache()
 
 
-@pytest.mark.parametrize("batch, context, steps_per_round, gemv, pdl", CASES,
-                         ids=[f"B{b}-C{c}" + (f"-D{d}" if d else "") + (f"-G{g}" if g else "") + ("-noP" if p is False else "")
-                              for b, c, d, g, p in CASES])
-def test_decode_step(benchmark, model, copy_gbps, batch, context, steps_per_round, gemv, pdl):
-    if steps_per_round is not None and not HAS_ROUNDS:
-        pytest.skip("this engine has no decode_steps_per_round")
-    if gemv is not None and not HAS_GEMV:
-        pytest.skip("this engine has no gemv_max_tokens")
-    if pdl is not None and not (HAS_PDL and torch.cuda.get_device_capability()[0] >= 9):
-        pytest.skip("this engine has no gemv_pdl, or this GPU no programmatic dependent launch")
+@pytest.mark.parametrize("batch, context, engine", CASES)
+def test_decode_step(benchmark, model, copy_gbps, batch, context, engine):
+    missing = sorted(set(engine) - set(EngineConfig.__dataclass_fields__))
+    if missing:
+        pytest.skip(f"this engine has no {', '.join(missing)}")
+    if "gemv_pdl" in engine and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("this GPU has no programmatic dependent launch")
     g = torch.Generator().manual_seed(batch * 100003 + context)
     prompts = torch.randint(0, 151000, (batch, context), generator=g).tolist()
     free_memory()
-    engine = make_engine(model, batch, context, steps_per_round, gemv, pdl, cuda_graph=True)
-    step_ms = time_step(benchmark, engine, prompts)
-    gpu_ms = graph_ms_per_step(engine, prompts)
-    stats = engine.stats()
-    del engine
+    paged = make_engine(model, batch, context, engine, cuda_graph=True)
+    step_ms = time_step(benchmark, paged, prompts)
+    gpu_ms = graph_ms_per_step(paged, prompts)
+    stats, config = paged.stats(), dataclasses.asdict(paged.config)
+    del paged
     free_memory()
-    kernels = kernels_per_step(make_engine(model, batch, context, steps_per_round, gemv, pdl, cuda_graph=False),
-                               prompts)
+    kernels = kernels_per_step(make_engine(model, batch, context, engine, cuda_graph=False), prompts)
     free_memory()
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     kv_bytes = batch * (context + N + E // 2) * KV_BYTES_PER_TOKEN
     floor_ms = (weight_bytes + kv_bytes) / (copy_gbps * 1e9) * 1e3
     benchmark.extra_info.update(
-        batch=batch, context=context, steps_per_round=steps_per_round, gemv_max_tokens=gemv, gemv_pdl=pdl,
+        batch=batch, context=context, engine_overrides=engine, engine_config=config,
         step_ms=step_ms,
         floor_ms=floor_ms,
         copy_gbps=copy_gbps, gpu_ms=gpu_ms, wall_over_gpu=step_ms / gpu_ms, kernels_per_step=kernels,
