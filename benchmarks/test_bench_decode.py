@@ -67,7 +67,8 @@ GRID = [(1, 128), (16, 128), (64, 128), (256, 128), (256, 2048), (64, 8192)]
 
 
 def case(batch: int, context: int, suffix: str = "", **engine):
-    """One case: `batch` rows of `context` tokens, `engine` the EngineConfig keys it sets (id B{batch}-C{context}{suffix})."""
+    """One case: `batch` rows of `context` tokens, `engine` the EngineConfig keys it sets; its id is
+    B{batch}-C{context}{suffix}."""
     return pytest.param(batch, context, engine, id=f"B{batch}-C{context}{suffix}")
 
 
