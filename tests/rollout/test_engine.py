@@ -190,6 +190,19 @@ def test_decode_steps_per_round_must_be_positive(models):
         EngineConfig(max_model_len=64, kv_cache_bytes=2**20, decode_steps_per_round=0)
 
 
+def test_one_sequence_of_a_long_max_model_len_fits_beside_the_watermark(models):
+    """max_num_seqs 1 and 100 blocks a sequence: the pool's cap (what the engine can ever use)
+    leaves one whole sequence free beside the watermark, which holds back one block here."""
+    _, ours = models
+    e = engine(ours, max_model_len=400, blocks=1000, max_num_seqs=1)
+    assert e.blocks.capacity == 101 and e.scheduler.watermark_blocks == 1
+    smallest, largest = e.pool_bytes_range()
+    assert smallest == largest == 101 * e.block_bytes
+    params = greedy(6, max_length=400)
+    assert e.generate(BASE, params, torch.Generator()) == PlainSampler(ours, max_batch_size=4).generate(
+        BASE, params, torch.Generator())
+
+
 def test_pool_smaller_than_one_sequence_is_refused(models):
     _, ours = models
     with pytest.raises(ValueError, match="less than one sequence of max_model_len = 64"):

@@ -161,11 +161,19 @@ class PagedEngine:
         self.progress = progress or Progress()
         self._logprobs: list[torch.Tensor] = []
 
+    def _beside_watermark(self, blocks: int) -> int:
+        """The fewest blocks a pool needs so that `blocks` of them stay usable beside its watermark."""
+        total = blocks
+        while total - int(self.config.watermark * total) < blocks:
+            total += 1
+        return total
+
     def _pool_blocks(self, kv_cache_bytes: int) -> int:
         """Blocks a pool of `kv_cache_bytes` holds, the null block aside, capped at what the engine
-        could ever use at once (max_num_seqs sequences of max_model_len)."""
+        could ever use at once (max_num_seqs sequences of max_model_len, beside the watermark)."""
         config, block_bytes = self.config, self.block_bytes
-        capacity = min(kv_cache_bytes // block_bytes, config.max_num_seqs * self.max_blocks_per_seq)
+        capacity = min(kv_cache_bytes // block_bytes,
+                       self._beside_watermark(config.max_num_seqs * self.max_blocks_per_seq))
         if capacity - int(config.watermark * capacity) < self.max_blocks_per_seq:
             raise ValueError(
                 f"KV pool of {kv_cache_bytes / 2**30:.3g} GiB holds {capacity * config.block_size} tokens "
@@ -187,10 +195,9 @@ class PagedEngine:
     def pool_bytes_range(self) -> tuple[int, int]:
         """(smallest, largest) pool the engine takes: one max_model_len sequence beside the
         watermark, and max_num_seqs of them."""
-        smallest = self.max_blocks_per_seq
-        while smallest - int(self.config.watermark * smallest) < self.max_blocks_per_seq:
-            smallest += 1
-        return smallest * self.block_bytes, self.config.max_num_seqs * self.max_blocks_per_seq * self.block_bytes
+        smallest = self._beside_watermark(self.max_blocks_per_seq)
+        largest = self._beside_watermark(self.config.max_num_seqs * self.max_blocks_per_seq)
+        return smallest * self.block_bytes, largest * self.block_bytes
 
     def fit_memory(self, peak_gib: Mapping[str, float]) -> None:
         """Resize the pool from a step's peaks, when a `sizer` is set (see `RolloutEngine.fit_memory`).
