@@ -37,6 +37,19 @@ def assert_pool_empty(e):
     assert e.blocks.num_used == 0 and not any(e.blocks.ref_counts)
 
 
+def plain_responses_with_a_stop(model, caps, max_new, *, row, index):
+    """(stop, expected): the token the plain sampler's greedy response `row` of PROMPTS has at
+    `index`, and the plain sampler's greedy responses with it as the stop token, cut at `caps`; at
+    least one of them ends on it."""
+    free = PlainSampler(model, max_batch_size=16).generate(PROMPTS, greedy(max_new), torch.Generator())
+    stop = free[row][index]
+    expected = PlainSampler(model, max_batch_size=16).generate(PROMPTS, greedy(max_new, stop=(stop,)),
+                                                                torch.Generator())
+    expected = [r[:c] for r, c in zip(expected, caps)]
+    assert any(len(r) < c and r[-1] == stop for r, c in zip(expected, caps))  # a stop token ends a response
+    return stop, expected
+
+
 def round_work(caps, steps_per_round):
     """(rounds, wasted row steps) when every row decodes from the first step: a row with cap c
     decodes c - 1 steps, and stays in the batch to the end of the round where it stops."""
@@ -266,11 +279,7 @@ def test_row_state_kernels_change_no_token_and_no_logprob(models, static_shapes)
     rows stopping inside them at their cap or a stop token."""
     _, ours = models
     caps = [12, 4, 12, 12, 1, 12, 7, 12, 12]
-    free = PlainSampler(ours, max_batch_size=16).generate(PROMPTS, greedy(12), torch.Generator())
-    stop = free[3][5]
-    expected = PlainSampler(ours, max_batch_size=16).generate(PROMPTS, greedy(12, stop=(stop,)), torch.Generator())
-    expected = [r[:c] for r, c in zip(expected, caps)]
-    assert any(len(r) < c and r[-1] == stop for r, c in zip(expected, caps))  # a stop token ends a response
+    stop, expected = plain_responses_with_a_stop(ours, caps, 12, row=3, index=5)
     settings = {"greedy": greedy(12, stop=(stop,)),
                 "sampled": SamplingParams(max_new_tokens=12, max_length=64, top_p=0.9, stop_token_ids=(stop,))}
     runs = {}
@@ -370,11 +379,7 @@ def test_overlapped_rounds_give_the_plain_samplers_tokens_through_stops_admissio
     for the unread round): every response is the plain sampler's, every block returns."""
     _, ours = models
     caps = [30, 9, 30, 30, 5, 30, 17, 30, 30]
-    free = PlainSampler(ours, max_batch_size=16).generate(PROMPTS, greedy(30), torch.Generator())
-    stop = free[0][6]
-    expected = PlainSampler(ours, max_batch_size=16).generate(PROMPTS, greedy(30, stop=(stop,)), torch.Generator())
-    expected = [r[:c] for r, c in zip(expected, caps)]
-    assert any(len(r) < c and r[-1] == stop for r, c in zip(expected, caps))
+    stop, expected = plain_responses_with_a_stop(ours, caps, 30, row=0, index=6)
     for blocks, max_num_seqs in ((400, 3), (18, 16)):
         e = engine(ours, blocks=blocks, max_num_seqs=max_num_seqs, decode_steps_per_round=steps_per_round)
         e.runner.static_shapes = static_shapes
