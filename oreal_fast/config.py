@@ -161,6 +161,9 @@ class TrainConfig:
     """Keep the paged engine's KV pool and CUDA graphs between steps; False frees them after each generation."""
     decode_steps_per_round: int = 16
     """Decode steps the paged engine runs per host round trip (stop checks on the GPU, one sync per round), >= 1."""
+    overlap_decode_rounds: bool = True
+    """Plan and launch each decode round before reading the last one's results (the GPU never waits for the
+    host between rounds; a row that samples a stop token runs one more round without effect)."""
 
     # --- RL phase and optimisers (reference 4.5-4.14) ---
     rl_global_batch: int | None = None

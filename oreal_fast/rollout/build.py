@@ -57,7 +57,7 @@ def build_rollout(cfg: TrainConfig, actor: Decoder, *, compute_dtype: torch.dtyp
     Args:
         cfg: ``rollout_engine`` and the sizing keys (``kv_cache_*``, ``kv_block_size``,
             ``max_num_seqs``, ``max_prefill_*``, ``cuda_graph``, ``rollout_keep_cache``,
-            ``decode_steps_per_round``, ``gen_max_length``).
+            ``decode_steps_per_round``, ``overlap_decode_rounds``, ``gen_max_length``).
         actor: the model whose weights generate; the paged engine (and, under data parallelism,
             the plain sampler) copies them and takes later ones through ``sync_weights``.
         compute_dtype: the dtype generation computes in and the KV cache holds.
@@ -85,7 +85,7 @@ def build_rollout(cfg: TrainConfig, actor: Decoder, *, compute_dtype: torch.dtyp
         max_model_len=cfg.gen_max_length, kv_cache_bytes=pool, block_size=cfg.kv_block_size,
         max_num_seqs=min(cfg.max_num_seqs, num_sessions), max_prefill_batch=cfg.max_prefill_batch,
         max_prefill_tokens=cfg.max_prefill_tokens, cuda_graph=cfg.cuda_graph, keep_cache=cfg.rollout_keep_cache,
-        decode_steps_per_round=cfg.decode_steps_per_round)
+        decode_steps_per_round=cfg.decode_steps_per_round, overlap_rounds=cfg.overlap_decode_rounds)
     try:
         return PagedEngine(actor, config, dtype=compute_dtype, sizer=pool_sizer(cfg, device, training),
                            progress=progress)

@@ -34,14 +34,15 @@ def test_sampling_params_follow_the_config():
 
 @pytest.mark.parametrize("name, kind", [("auto", PlainSampler), ("plain", PlainSampler), ("paged", PagedEngine)])
 def test_engine_choice_on_cpu(ours, name, kind):
-    cfg = _cfg(rollout_engine=name, kv_cache_gib=0.001, kv_block_size=4, decode_steps_per_round=3)
+    cfg = _cfg(rollout_engine=name, kv_cache_gib=0.001, kv_block_size=4, decode_steps_per_round=3,
+               overlap_decode_rounds=False)
     rollout = build_rollout(cfg, ours, compute_dtype=torch.float32, num_sessions=6)
     assert type(rollout) is kind
     if kind is PlainSampler:
         assert rollout.max_batch_size == 6  # every session at once on CPU
     else:
         assert rollout.config.max_num_seqs == 6 and rollout.config.block_size == 4
-        assert rollout.config.decode_steps_per_round == 3
+        assert rollout.config.decode_steps_per_round == 3 and rollout.config.overlap_rounds is False
 
 
 def test_pool_too_small_names_its_key(ours):

@@ -2,6 +2,7 @@
 prefix sharing, reproducibility, its uniform stream and the sampled distribution of first tokens
 (chi-square); decode runs in rounds of several steps (`decode_steps_per_round`)."""
 
+import dataclasses
 import math
 import os
 
@@ -34,6 +35,19 @@ def engine(model, *, block_size=4, blocks=400, max_model_len=64, **kw):
 
 def assert_pool_empty(e):
     assert e.blocks.num_used == 0 and not any(e.blocks.ref_counts)
+
+
+def plain_responses_with_a_stop(model, caps, max_new, *, row, index):
+    """(stop, expected): the token the plain sampler's greedy response `row` of PROMPTS has at
+    `index`, and the plain sampler's greedy responses with it as the stop token, cut at `caps`; at
+    least one of them ends on it."""
+    free = PlainSampler(model, max_batch_size=16).generate(PROMPTS, greedy(max_new), torch.Generator())
+    stop = free[row][index]
+    expected = PlainSampler(model, max_batch_size=16).generate(PROMPTS, greedy(max_new, stop=(stop,)),
+                                                                torch.Generator())
+    expected = [r[:c] for r, c in zip(expected, caps)]
+    assert any(len(r) < c and r[-1] == stop for r, c in zip(expected, caps))  # a stop token ends a response
+    return stop, expected
 
 
 def round_work(caps, steps_per_round):
@@ -265,11 +279,7 @@ def test_row_state_kernels_change_no_token_and_no_logprob(models, static_shapes)
     rows stopping inside them at their cap or a stop token."""
     _, ours = models
     caps = [12, 4, 12, 12, 1, 12, 7, 12, 12]
-    free = PlainSampler(ours, max_batch_size=16).generate(PROMPTS, greedy(12), torch.Generator())
-    stop = free[3][5]
-    expected = PlainSampler(ours, max_batch_size=16).generate(PROMPTS, greedy(12, stop=(stop,)), torch.Generator())
-    expected = [r[:c] for r, c in zip(expected, caps)]
-    assert any(len(r) < c and r[-1] == stop for r, c in zip(expected, caps))  # a stop token ends a response
+    stop, expected = plain_responses_with_a_stop(ours, caps, 12, row=3, index=5)
     settings = {"greedy": greedy(12, stop=(stop,)),
                 "sampled": SamplingParams(max_new_tokens=12, max_length=64, top_p=0.9, stop_token_ids=(stop,))}
     runs = {}
@@ -320,3 +330,104 @@ def test_blocks_held_after_a_call_show_in_its_stats(models):
     e.blocks.release = leaky_release
     e.generate(PROMPTS, greedy(5), torch.Generator())
     assert len(dropped[0]) > 0 and e.stats()["kv_blocks_in_use"] == e.blocks.num_used >= len(dropped[0])
+
+
+def spy_rounds(e):
+    """Log ("launch", i) as round i is launched and ("read", i) as the host reads it."""
+    log, end_round = [], e.runner.end_round
+
+    def logged_end_round(steps):
+        state, i = end_round(steps), sum(kind == "launch" for kind, _ in log)
+        log.append(("launch", i))
+        read = state.read
+
+        def logged_read():
+            log.append(("read", i))
+            return read()
+
+        state.read = logged_read
+        return state
+
+    e.runner.end_round = logged_end_round
+    return log
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_the_next_round_is_launched_before_the_last_is_read(models, overlap):
+    """Overlapped rounds: the host launches round i + 1, then reads round i (so the device never
+    waits for the host between rounds); without overlap it reads each round before the next."""
+    _, ours = models
+    e = engine(ours, decode_steps_per_round=3, overlap_rounds=overlap)
+    log = spy_rounds(e)
+    assert e.generate(BASE, greedy(12), torch.Generator()) == engine(ours, overlap_rounds=not overlap).generate(
+        BASE, greedy(12), torch.Generator())
+    rounds = e.stats()["decode_rounds"]
+    assert rounds == 4  # 11 decode steps in rounds of 3
+    if overlap:
+        expected = [("launch", 0)] + [x for i in range(1, rounds) for x in (("launch", i), ("read", i - 1))]
+        assert log == expected + [("read", rounds - 1)]
+    else:
+        assert log == [x for i in range(rounds) for x in (("launch", i), ("read", i))]
+
+
+@pytest.mark.parametrize("steps_per_round", [1, 3, 8])
+@pytest.mark.parametrize("static_shapes", [False, True], ids=["live_rows", "graph_shapes"])
+def test_overlapped_rounds_give_the_plain_samplers_tokens_through_stops_admissions_and_preemption(
+        models, static_shapes, steps_per_round):
+    """Rows stop on a stop token (learnt one round late) or at their cap (known ahead), wait for
+    rows (max_num_seqs 3) and for blocks (a pool of one max-length sequence: preemption, which waits
+    for the unread round): every response is the plain sampler's, every block returns."""
+    _, ours = models
+    caps = [30, 9, 30, 30, 5, 30, 17, 30, 30]
+    stop, expected = plain_responses_with_a_stop(ours, caps, 30, row=0, index=6)
+    for blocks, max_num_seqs in ((400, 3), (18, 16)):
+        e = engine(ours, blocks=blocks, max_num_seqs=max_num_seqs, decode_steps_per_round=steps_per_round)
+        e.runner.static_shapes = static_shapes
+        plans, prepare_round = [], e.scheduler.prepare_round
+
+        def logged_prepare_round(max_steps, ahead=0, prepare_round=prepare_round):
+            plans.append((ahead, prepare_round(max_steps, ahead)))
+            return plans[-1][1]
+
+        e.scheduler.prepare_round = logged_prepare_round
+        assert e.generate(PROMPTS, greedy(30, stop=(stop,)), torch.Generator(), max_new_per_prompt=caps) == expected
+        assert any(ahead for ahead, _ in plans)  # rounds were planned ahead of an unread one
+        if blocks == 18:
+            assert e.stats()["preemptions"] > 0
+            assert any(ahead and plan is None for ahead, plan in plans)  # a plan that waited for the read
+        assert_pool_empty(e)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_row_stopped_in_an_unread_round_still_draws_in_the_next(models, overlap):
+    """The documented stream with a stop token: row 1 stops inside the first round of 4 steps. Read
+    before the next round (no overlap), that round draws rand(4 steps, 3 rows) for rows 0, 2, 3;
+    overlapped, it is planned before the read and draws rand(4, 4), row 1 included. Each token must
+    be the eager sampler's draw from that stream."""
+    _, ours = models
+    params = SamplingParams(max_new_tokens=9, max_length=64, top_k=20, top_p=0.9, temperature=0.8)
+    for seed in range(20):  # a seed whose row 1 samples, inside round 1, a token no row sampled before
+        free = engine(ours, decode_steps_per_round=4).generate(BASE, params, torch.Generator().manual_seed(seed))
+        stop = free[1][2]
+        if stop not in free[1][:2] and all(stop not in r[:5] for i, r in enumerate(free) if i != 1):
+            break
+    else:
+        pytest.fail("no seed in 0..19 gives a usable stop token")
+    stopping = dataclasses.replace(params, stop_token_ids=(stop,))
+    e = engine(ours, decode_steps_per_round=4, overlap_rounds=overlap)
+    got = e.generate(BASE, stopping, torch.Generator().manual_seed(seed))
+    assert got[1] == free[1][:3] and e.stats()["decode_rounds"] == 2
+    g = torch.Generator().manual_seed(seed)
+    first, round1 = torch.rand(1, 4, generator=g), torch.rand(4, 4, generator=g)
+    rows2 = [0, 1, 2, 3] if overlap else [0, 2, 3]
+    round2 = torch.zeros(4, 4)
+    round2[:, rows2] = torch.rand(4, len(rows2), generator=g)
+    uniform = torch.cat([first, round1, round2])  # (9 tokens, 4 rows)
+    for r, (prompt, response) in enumerate(zip(BASE, got)):
+        ids = torch.tensor(prompt + response)
+        P, T = len(prompt), len(ids)
+        with torch.no_grad():
+            logits = ours(ids, torch.arange(T), torch.tensor([0, T], dtype=torch.int32), T,
+                          head=lambda h, w: F.linear(h[P - 1 : T - 1], w))
+        expected = sample_from_logits_eager(logits, uniform[: T - P, r], temperature=0.8, top_k=20, top_p=0.9)
+        assert response == expected.tolist(), f"row {r}"

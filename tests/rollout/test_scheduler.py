@@ -140,3 +140,51 @@ def test_finished_rows_release_blocks_and_keep_order():
     assert s.finish(np.array([False, False])) is None
     s.finish(np.array([True, True]))
     assert bm.num_used == 0 and s.done
+
+
+def test_a_round_planned_ahead_of_an_unread_one_gets_the_blocks_the_read_would_have_given():
+    """Overlapped rounds: planning with ahead = the unread round's steps gives the rows that went on
+    the blocks, steps and entries that reading the round first (every row ahead tokens on) gives."""
+    specs, limits = prompts((3, 1), (6, 1), (2, 1)), [30, 9, 25]
+    overlapped, bm_a = make(100)
+    read_first, bm_b = make(100)
+    for s in (overlapped, read_first):
+        s.start(group_prompts(specs, limits))
+        s.admit(s.schedule_prefill())
+        assert s.prepare_round(4)[1] == 4
+    # rows 0 and 2 go on 4 tokens; row 1 (limit 9, 1 + 4 tokens so far) may still stop on a token
+    read_first.end_round(np.array([5, 5, 5]), np.zeros(3, dtype=bool))
+    assert overlapped.retire_at_limit(4) is None  # no row reaches its limit in the unread round
+    ahead = overlapped.prepare_round(8, ahead=4)
+    assert ahead == read_first.prepare_round(8) and ahead[1] == 8
+    assert [len(q.block_table) for q in overlapped.running] == [len(q.block_table) for q in read_first.running]
+    assert bm_a.num_used == bm_b.num_used
+    assert overlapped.num_new[:3].tolist() == [1, 1, 1]  # the host's counts stay the last ones read
+
+
+def test_rows_at_their_limit_in_an_unread_round_retire_before_it_is_read():
+    s, bm = make(100)
+    s.start(group_prompts(prompts((3, 1), (3, 1), (3, 1)), [20, 5, 9]))
+    s.admit(s.schedule_prefill())  # one token each
+    assert s.prepare_round(4)[1] == 4
+    row1 = s.running[1]
+    held = len(row1.block_table)
+    assert held == 2  # positions 3..6 of the unread round
+    # after the unread 4 steps row 1 holds its limit of 5 tokens, whatever it sampled
+    used = bm.num_used
+    keep = s.retire_at_limit(4)
+    assert keep.tolist() == [0, 2] and [q.limit for q in s.running] == [20, 9]
+    assert row1.status is Status.FINISHED and bm.num_used == used - held
+    assert row1.num_new == 1  # the last count read: the round's read sets the true one
+    # the read later brings every running row's true count, in the current row order
+    assert s.end_round(np.array([5, 3]), np.array([False, True])).tolist() == [0]
+    assert s.num_new[0] == 5 and s.running[0].limit == 20
+
+
+def test_a_round_planned_ahead_preempts_nothing_and_waits_for_the_read():
+    s, bm = make(6)  # 5 usable blocks of 4 tokens
+    s.start(group_prompts(prompts((3, 1), (3, 1)), [20, 20]))
+    s.admit(s.schedule_prefill())  # pending tokens at position 3, 3 blocks free
+    assert s.prepare_round(5)[1] == 5  # positions 3..7: one more block each, 1 free
+    assert s.prepare_round(16, ahead=5) is None  # positions 8.. need a block per row: the read decides
+    assert s.stats.preemptions == 0 and len(s.running) == 2 and bm.num_free == 1

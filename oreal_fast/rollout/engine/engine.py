@@ -6,17 +6,23 @@ k samples of a prompt take k independent first tokens from its one prefill and s
 blocks); else one round of up to `decode_steps_per_round` decode steps of every running sequence.
 The host plans a round (blocks for every position it may write, preemption, the round's uniforms),
 the device runs its steps back to back, sampling, recording and stop checks included, and the
-host syncs once at its end (each row's token count and stop flag). A row that stops inside a
-round runs the round's remaining steps without effect (counted as `wasted_row_steps`); finished
-sequences free their blocks at the round's end and waiting ones take them; when the pool runs
-out the newest sequence is preempted and later recomputed (`scheduler`). The generated tokens
-and their log-probs (`base`: the unmodified distribution, computed inside the decode step) stay
-on the device until the call ends.
+host syncs once per round to read its results (each row's token count and stop flag). A row that
+stops inside a round runs the round's remaining steps without effect (counted as
+`wasted_row_steps`); finished sequences free their blocks when the round is read and waiting ones
+take them; when the pool runs out the newest sequence is preempted and later recomputed
+(`scheduler`). The generated tokens and their log-probs (`base`: the unmodified distribution,
+computed inside the decode step) stay on the device until the call ends.
 
-Why rounds rather than overlapping the host's next step with the current replay: the stop check
-must run before the next step is planned, so an overlapped host still runs the scheduler's
-Python once per step; with rounds it runs once per D steps, and a round costs at most D - 1 row
-steps per stopped row (responses are hundreds to thousands of tokens).
+Rounds, then overlapped rounds: the stop check runs on the device, so the host's scheduler runs
+once per round of D steps instead of once per step, at a cost of at most D - 1 row steps per
+stopped row (responses are hundreds to thousands of tokens). With `overlap_rounds` (the default)
+the host also launches round r + 1 before it reads round r, so the device never waits for the
+host's read, scheduling and launches between rounds: a row that did not stop in round r took
+exactly its steps' tokens, so round r + 1 is planned from those counts; a row that reached its
+limit in round r is released before the plan (it stopped whatever it sampled), and a row that
+sampled a stop token runs round r + 1 without effect (its done flag stays set on the device) and
+is released when round r is read. A prefill, and a plan that would need a preemption, read the
+launched round first; so does the end of the call. Reading one round late changes no token.
 
 Memory (Qwen2.5-0.5B in bf16: 494 M params): the weight copy costs params x 2 bytes (0.99 GB),
 refreshed in place by `sync_weights` after each optimiser step; no fp32 copy is kept. The KV pool
@@ -34,9 +40,11 @@ Sampling follows reference 4.2 as a distribution (`oreal_fast.kernels.sampling`:
 uniform per row and step from the caller's generator), so a run resumed with the generator's state
 samples what the straight run did. The stream: each prefill chunk draws `torch.rand(k_total)` for
 its first tokens; each decode round draws `torch.rand(steps, num_rows)` in one call, element
-[j, r] feeding row r at step j. Which uniform feeds which token therefore depends on
-`decode_steps_per_round`: a sampled run is reproducible for a given D, not across D, and where
-the pool preempts, for a given pool size (a resized pool admits rows in other rounds). Greedy runs
+[j, r] feeding row r at step j; with overlapped rounds, num_rows still counts the rows that
+stopped on a stop token in the round before. Which uniform feeds which token therefore depends on
+`decode_steps_per_round` and `overlap_rounds`: a sampled run is reproducible for given settings,
+not across them, and where the pool preempts, for a given pool size (a resized pool admits rows
+in other rounds). Greedy runs
 pick the same tokens for every D (on the GPU, up to bf16 near-ties: rows leave and join the batch
 at round ends, so a step may run at another batch bucket).
 
@@ -72,10 +80,10 @@ from oreal_fast.model.decoder import Decoder
 from oreal_fast.progress import Progress
 from oreal_fast.rollout.base import SamplingParams, check_prompts, new_token_limits
 from oreal_fast.rollout.engine.block_manager import BlockManager
-from oreal_fast.rollout.engine.model_runner import ModelRunner, sample_tokens
+from oreal_fast.rollout.engine.model_runner import ModelRunner, RoundState, sample_tokens
 from oreal_fast.rollout.engine.pool_sizing import PoolSizer
 from oreal_fast.rollout.engine.scheduler import PrefillItem, Scheduler
-from oreal_fast.rollout.engine.sequence import group_prompts
+from oreal_fast.rollout.engine.sequence import Sequence, group_prompts
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +102,10 @@ class EngineConfig:
     keep_cache: bool = True  # keep pool, logits buffer and graphs between calls [rollout_keep_cache]
     watermark: float = 0.01  # share of the pool admission leaves free, as vLLM's block-manager watermark
     decode_steps_per_round: int = 16  # decode steps per host round trip [decode_steps_per_round]
+    # plan and launch each decode round before reading the last one's results, so the GPU does not
+    # wait for the host between rounds; a row that samples a stop token then runs one more round
+    # without effect (module docstring) [overlap_decode_rounds]
+    overlap_rounds: bool = True
     # forwards of at most this many tokens run the few-token GEMV layers (CUDA): they win at one token
     # (decode step 1.01 vs 1.13 GPU ms on an H100) and lose from four on (benchmarks/RESULTS.md)
     gemv_max_tokens: int = 1
@@ -111,10 +123,28 @@ class EngineConfig:
 
 
 @dataclass
+class LaunchedRound:
+    """A decode round on the device whose results the host has not read: its steps, the rows'
+    state on its way to the host, the sequences of its rows in launch order, and where each of
+    them is now among the running rows (-1 once it left them)."""
+
+    steps: int
+    state: RoundState
+    seqs: list[Sequence]
+    rows: np.ndarray
+
+    def follow(self, keep: np.ndarray) -> None:
+        """The running rows were compacted to `keep` (old row indices, in their new order)."""
+        new_index = np.full(self.rows.size, -1, dtype=np.int64)  # rows only leave: indices stay below this
+        new_index[keep] = np.arange(keep.size)
+        self.rows = np.where(self.rows >= 0, new_index[self.rows], -1)
+
+
+@dataclass
 class RoundCounts:
     """Decode work of one `generate` call: a row step is one row in one step; it is live when the
     row had not stopped (it sampled a token that is kept), wasted when it had stopped earlier in
-    its round."""
+    its round (or, with overlapped rounds, in the round before)."""
 
     rounds: int = 0
     steps: int = 0
@@ -300,12 +330,7 @@ class PagedEngine:
         with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
             self.runner.begin(len(prompts), max(limits), params)
             self.scheduler.start(groups)
-            while not self.scheduler.done:
-                chunk = self.scheduler.schedule_prefill()
-                if chunk:
-                    self._prefill(chunk, params, generator)
-                else:
-                    self._decode_round(params, generator, rounds)
+            self._run(params, generator, rounds)
             out = self.runner.responses([s.num_new for s in seqs])
             self._logprobs = self.runner.response_logprobs([s.num_new for s in seqs])
         if not self.config.keep_cache:
@@ -375,10 +400,44 @@ class PagedEngine:
         second = self._prefill_logits(specs[half:], [i - half for i in fresh if i >= half], sum(lengths[half:]))
         return torch.cat((first, second))
 
-    def _decode_round(self, params: SamplingParams, generator: torch.Generator, counts: RoundCounts) -> None:
-        """One round of decode steps of every running sequence, one host sync at its end."""
+    def _run(self, params: SamplingParams, generator: torch.Generator, counts: RoundCounts) -> None:
+        """Prefill chunks and decode rounds until every sequence finished. With `overlap_rounds` the
+        next round is launched before the last one is read (`flight`); a prefill, or a round that
+        cannot be planned without knowing which rows stopped, reads it first."""
+        scheduler, flight = self.scheduler, None
+        while not scheduler.done:
+            if flight is not None:
+                self._retire_at_limit(flight)
+            chunk = scheduler.schedule_prefill()
+            if chunk:
+                self._read_round(flight, counts)
+                flight = None
+                self._prefill(chunk, params, generator)
+                continue
+            launched = self._launch_round(params, generator, flight) if scheduler.running else None
+            self._read_round(flight, counts, newer=launched)
+            flight = launched
+            if not self.config.overlap_rounds:
+                self._read_round(flight, counts)
+                flight = None
+        self._read_round(flight, counts)
+
+    def _retire_at_limit(self, flight: LaunchedRound) -> None:
+        """Release the rows that reach their limit in the unread round (`Scheduler.retire_at_limit`)."""
+        keep = self.scheduler.retire_at_limit(flight.steps)
+        if keep is not None:
+            self.runner.keep_rows(keep)
+            flight.follow(keep)
+
+    def _launch_round(self, params: SamplingParams, generator: torch.Generator,
+                      flight: LaunchedRound | None) -> LaunchedRound | None:
+        """Plan and launch one round of decode steps of every running sequence, after `flight`
+        (unread) if given; None when it cannot be planned before `flight` is read."""
         runner, scheduler = self.runner, self.scheduler
-        num_rows, steps, entries = scheduler.prepare_round(self.config.decode_steps_per_round)
+        plan = scheduler.prepare_round(self.config.decode_steps_per_round, ahead=0 if flight is None else flight.steps)
+        if plan is None:
+            return None
+        num_rows, steps, entries = plan
         if num_rows < runner.num_rows:  # the last rows were preempted
             runner.keep_rows(np.arange(num_rows))
         runner.set_blocks(entries)
@@ -387,13 +446,32 @@ class PagedEngine:
         width = scheduler.max_table_len()
         for _ in range(steps):
             runner.decode_step(width)
-        num_new, done = runner.end_round(steps)
-        taken = int(num_new.sum() - scheduler.num_new[:num_rows].sum())
-        counts.add(steps, num_rows, taken)
-        self.progress.add(done=int(done.sum()), tokens=taken)  # host values of the round's one sync
-        keep = scheduler.end_round(num_new, done)
+        return LaunchedRound(steps, runner.end_round(steps), list(scheduler.running), np.arange(num_rows))
+
+    def _read_round(self, flight: LaunchedRound | None, counts: RoundCounts,
+                    newer: LaunchedRound | None = None) -> None:
+        """Read a launched round's results (its one host sync) and release the rows that stopped in
+        it; `newer`, a round launched after it, follows the rows' compaction."""
+        if flight is None:
+            return
+        num_new, done, taken = flight.state.read()
+        running = flight.rows >= 0
+        for i in np.flatnonzero(~running):  # retired at their limit: the count they really reached
+            flight.seqs[i].num_new = int(num_new[i])
+        n = len(self.scheduler.running)
+        rows = flight.rows[running]
+        if rows.size != n:
+            raise RuntimeError(f"decode round read with {n} running rows but {rows.size} of its rows still running")
+        now_new, now_done = np.empty(n, dtype=np.int64), np.empty(n, dtype=bool)
+        now_new[rows], now_done[rows] = num_new[running], done[running]
+        counts.add(flight.steps, len(flight.seqs), int(taken.sum()))
+        # a row live when the round began took at least one token in it: the rows that stopped in it
+        self.progress.add(done=int((done & (taken > 0)).sum()), tokens=int(taken.sum()))
+        keep = self.scheduler.end_round(now_new, now_done)
         if keep is not None:
-            runner.keep_rows(keep)
+            self.runner.keep_rows(keep)
+            if newer is not None:
+                newer.follow(keep)
 
     def _finish(self, done: torch.Tensor, first_tokens: int) -> None:
         done = done.cpu().numpy()  # the prefill's one host sync

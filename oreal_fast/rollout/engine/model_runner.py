@@ -15,11 +15,11 @@ few-token GEMV layers rope and write in their q|k|v kernel instead, into the poo
 Row state (device, `max_num_seqs` rows, the first `num_rows` live, in the scheduler's row order):
 `input_ids` (the pending token), `positions` (its position), `block_tables`
 [max_num_seqs, max_blocks_per_seq] int32, `num_new`, `limits`, `out_rows` (row of the generated-token
-buffer), `done` (stopped in this round). A decode step derives from them its `slots`
-(block_tables[pos // block_size] * block_size + pos % block_size) and `context_lens` (pos + 1),
-written in place into buffers of their own. Rows past `num_rows` are all zeros and `done`; a done
+buffer), `done` (stopped: set by the stop check, cleared only for rows `add_rows` appends). A
+decode step derives from them its `slots` (block_tables[pos // block_size] * block_size + pos %
+block_size) and `context_lens` (pos + 1), written in place into buffers of their own. Rows past `num_rows` are all zeros and `done`; a done
 row writes its k/v into the null block (id 0, `NULL_BLOCK`), which nothing reads, so a CUDA graph
-padded up to its bucket and a row that stopped earlier in the round write nothing anyone reads.
+padded up to its bucket and a row that stopped in an earlier step write nothing anyone reads.
 
 A round (`start_round`, `decode_step` x steps, `end_round`) runs several decode steps with no host
 sync: each step is the forward, then its tail, all on the device: sample (greedy argmax, or the
@@ -29,8 +29,11 @@ buffer `round_tokens` [steps_per_round, max_num_seqs] and their log-probs in `ro
 (fp32, the same shape), count the token of every row not done, mark done the rows that now meet
 the stop rule, and advance the others (pending token, position), so a stopped row's later tokens
 are never recorded and its num_new stays. `end_round`
-moves the recorded tokens and log-probs into the call's output buffers and reads num_new and done
-back: the round's one host sync.
+moves the recorded tokens and log-probs into the call's output buffers and starts the copy of
+num_new, done and each row's tokens taken to the host (pinned memory on CUDA, with an event);
+`RoundState.read` waits for it: the round's one host sync. Nothing between a round's launch and
+that read waits for the device (host-to-device copies of block tables and row indices go through
+pinned memory without a sync), so the host can plan and launch the next round first.
 
 Log-probs: each sampled token's log_softmax(logits.float())[token] at temperature 1, before any
 filter (the distribution the trainer's log-probs are taken under), from the sampler's own sweep
@@ -73,6 +76,7 @@ the graphs with the old pool); rows >= num_rows are zero and done.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -160,6 +164,21 @@ class DecodeCache:
                                       impl=self.impl)
 
 
+@dataclass
+class RoundState:
+    """The rows' state after a round, on its way to the host: [3, rows] int64 (num_new, done, tokens
+    taken in the round), valid once `copied` has run (None: already on the host)."""
+
+    host: np.ndarray
+    copied: torch.cuda.Event | None
+
+    def read(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(num_new [rows] int64, done [rows] bool, taken [rows] int64), waiting for the copy."""
+        if self.copied is not None:
+            self.copied.synchronize()
+        return self.host[0], self.host[1].astype(bool), self.host[2]
+
+
 class ModelRunner:
     """Owns every tensor of the engine (see the module docstring).
 
@@ -228,7 +247,6 @@ class ModelRunner:
         # a decode step's pool slots and context lengths, derived from the rows' positions and tables
         self.slots, self.context_lens = zeros(R), zeros(R, dtype=torch.int32)
         self._cu = torch.arange(R + 1, dtype=torch.int32, device=device)
-        self._row_ids = torch.arange(R, device=device)
         # a round's state: its step, uniforms (all, and the step's row), tokens, and each row's num_new when it began
         self.step, self.round_start = zeros(1), zeros(R)
         self.uniform = torch.zeros(steps_per_round, R, dtype=torch.float32, device=device)
@@ -370,6 +388,7 @@ class ModelRunner:
         put(self.limits, limits)
         put(self.out_rows, out_rows)
         put(self.block_tables, host, torch.int32)
+        self.done[n : n + m] = False
         self.num_rows = n + m
 
     def pending_tokens(self, out_rows: list[int], num_new: list[int]) -> torch.Tensor:
@@ -394,28 +413,40 @@ class ModelRunner:
     def set_blocks(self, entries: list[tuple[int, int, int]]) -> None:
         """Write (row, column, block) block-table entries (one host-to-device copy)."""
         if entries:
-            r, c, b = torch.tensor(entries, dtype=torch.int64).to(self.device).unbind(1)
+            r, c, b = self._to_device(torch.tensor(entries, dtype=torch.int64)).unbind(1)
             self.block_tables[r, c] = b.to(torch.int32)
 
+    def _to_device(self, host: torch.Tensor) -> torch.Tensor:
+        """A host tensor on the device without waiting for the stream: on CUDA through pinned memory
+        (the caching host allocator keeps it until the copy ran), so a round can be planned while
+        the one before it still runs."""
+        if self.device.type != "cuda":
+            return host
+        return host.pin_memory().to(self.device, non_blocking=True)
+
     def keep_rows(self, keep: np.ndarray) -> None:
-        """Keep only these live rows, in this order, as rows 0..len-1; zero the rest (finished or preempted)."""
+        """Keep only these live rows, in this order, as rows 0..len-1; zero the rest (finished or
+        preempted) and mark them done."""
         n, m = self.num_rows, len(keep)
-        idx = torch.from_numpy(keep).to(self.device)
+        idx = self._to_device(torch.from_numpy(keep))
         for t in (self.input_ids, self.positions, self.num_new, self.limits, self.out_rows, self.block_tables):
             t[:m] = t[:n].index_select(0, idx)
             t[m:n] = 0
+        self.done[:m] = self.done[:n].index_select(0, idx)
+        self.done[m:n] = True
         self.num_rows = m
 
     # ------------------------------------------------------------------ decode rounds
 
     def start_round(self, uniform: torch.Tensor | None) -> None:
-        """Before a round: the live rows not done, the padding rows done, step 0.
+        """Before a round: each row's token count as it begins, step 0, the round's draws. The rows'
+        done flags carry over (a row that stopped in a round whose results the host has not read
+        yet runs this one without effect); padding rows are done.
 
         Args:
             uniform: [steps, num_rows] fp32, the round's draws (row j feeds step j); None when greedy.
         """
         n = self.num_rows
-        torch.ge(self._row_ids, n, out=self.done)
         self.round_start[:n] = self.num_new[:n]
         self.step.zero_()
         if uniform is not None:
@@ -439,12 +470,9 @@ class ModelRunner:
             self._decode_forward(b, self.max_blocks_per_seq)
         self._tail(b)
 
-    def end_round(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
-        """After a round of `steps` steps: its tokens go to the output buffer, the rows' state to the host.
-
-        Returns:
-            num_new [num_rows] int64 and done [num_rows] bool, on the host (the round's one sync).
-        """
+    def end_round(self, steps: int) -> RoundState:
+        """After a round of `steps` steps: its tokens go to the output buffer, and the rows' state
+        starts its copy to the host (`RoundState.read` waits for it: the round's one sync)."""
         n = self.num_rows
         start = self.round_start[:n]
         j = torch.arange(steps, device=self.device)[:, None]  # (steps, 1)
@@ -453,8 +481,14 @@ class ModelRunner:
         rows = self.out_rows[:n].expand(steps, n)
         self.generated[rows, cols] = self.round_tokens[:steps, :n].to(torch.int32)
         self.generated_logprobs[rows, cols] = self.round_logprobs[:steps, :n]
-        state = torch.stack((self.num_new[:n], self.done[:n].long())).cpu().numpy()
-        return state[0], state[1].astype(bool)
+        state = torch.stack((self.num_new[:n], self.done[:n].long(), self.num_new[:n] - start))
+        if self.device.type != "cuda":
+            return RoundState(state.numpy(), None)
+        host = torch.empty(state.shape, dtype=state.dtype, pin_memory=True)
+        host.copy_(state, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        return RoundState(host.numpy(), copied)
 
     def _tail(self, b: int) -> None:
         key = (b, self.sampling.do_sample, self.sampling.temperature, self.sampling.top_k, self.sampling.top_p,

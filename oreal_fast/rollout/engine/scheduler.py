@@ -16,7 +16,13 @@ its limit (`prepare_round`). The round is shortened before anything is preempted
 one step fits, the newest running sequence (largest `admit_order`, the last row) is preempted by
 recompute until the rest fit, as vLLM does: its blocks are released and it waits again. So
 preemption, admission and release happen at round boundaries only; a row that stops inside a
-round keeps its blocks until the round ends (`end_round`).
+round keeps its blocks until the host reads the round (`end_round`).
+
+Overlapped rounds (the engine's `overlap_rounds`): the next round is planned and launched before
+the host reads the last one. Its rows' counts are then known up to which of them stopped
+(`prepare_round(ahead=...)`); rows that reach their limit in the unread round are released before
+the plan (`retire_at_limit`), rows that sampled a stop token one round late, and nothing is
+preempted until the unread round has been read.
 
 Running sequences are kept in row order: row i of the model runner's device state is
 `running[i]`, admission appends rows, finishing removes rows (order kept), preemption removes
@@ -178,7 +184,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ decode
 
-    def prepare_round(self, max_steps: int) -> tuple[int, int, list[tuple[int, int, int]]]:
+    def prepare_round(self, max_steps: int, ahead: int = 0) -> tuple[int, int, list[tuple[int, int, int]]] | None:
         """Give every running sequence the blocks of the positions the next decode round writes.
 
         In a round of s steps a row writes the positions of its pending token and of the next
@@ -187,17 +193,26 @@ class Scheduler:
         and at most the largest `left`, whose blocks fit the free pool; when not one step fits, the
         newest running sequence is preempted and the rest are tried again.
 
+        `ahead` > 0: the round follows a launched round of `ahead` steps whose results are not read
+        yet. A row that did not stop in it took exactly `ahead` tokens (each step gives every live
+        row one), so the round is planned from num_new + ahead; a row that did stop is planned as if
+        it went on (its blocks are released when the read shows it stopped). Rows that reach their
+        limit within those steps must be retired first (`retire_at_limit`). Nothing is preempted
+        then: when not one step fits, None (read the launched round, then plan with ahead 0).
+
         Returns:
             (num_rows, steps, entries): the rows left after any preemption (the runner drops the
             rest), the round's steps, and (row, column, block) block-table entries to write on
-            the device.
+            the device; or None (above).
         """
         while True:
             n = len(self.running)
-            need = self._round_blocks(n, max_steps)  # (n, steps): new blocks for a round of 1, 2, ... steps
+            need = self._round_blocks(n, max_steps, ahead)  # (n, steps): new blocks for a round of 1, 2, ... steps
             fits = np.flatnonzero(need.sum(axis=0) <= self.blocks.num_free)  # a prefix: need grows with steps
             if fits.size:
                 break
+            if ahead:
+                return None
             if n == 1:
                 raise RuntimeError("the KV pool cannot hold one sequence: this cannot happen when it holds "
                                    "max_model_len tokens (the engine checks that)")
@@ -215,10 +230,12 @@ class Scheduler:
         self.stats.peak_blocks_used = max(self.stats.peak_blocks_used, self.blocks.peak_used)
         return n, steps, entries
 
-    def _round_blocks(self, n: int, max_steps: int) -> np.ndarray:
-        """[n, S] int64: new blocks row r needs for a round of s + 1 steps, S = min(max_steps, largest left)."""
-        pending = self.prompt_lens[:n] + self.num_new[:n] - 1  # position of each pending token
-        left = self.limits[:n] - self.num_new[:n]  # >= 1: a row at its limit has finished
+    def _round_blocks(self, n: int, max_steps: int, ahead: int) -> np.ndarray:
+        """[n, S] int64: new blocks row r needs for a round of s + 1 steps, S = min(max_steps, largest
+        left), its rows `ahead` tokens on (`prepare_round`)."""
+        num_new = self.num_new[:n] + ahead
+        pending = self.prompt_lens[:n] + num_new - 1  # position of each pending token
+        left = self.limits[:n] - num_new  # >= 1: a row at its limit has finished (or was retired)
         steps = np.arange(1, min(max_steps, int(left.max())) + 1)
         last = pending[:, None] + np.minimum(steps[None, :], left[:, None]) - 1  # last position written
         held = np.array([len(s.block_table) for s in self.running[:n]], dtype=np.int64)
@@ -231,6 +248,18 @@ class Scheduler:
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
         self.stats.preemptions += 1
+
+    def retire_at_limit(self, ahead: int) -> np.ndarray | None:
+        """Release the rows that reach their limit within a launched round of `ahead` steps whose
+        results are not read yet: whatever they sample, they have stopped by its end. Their
+        `Sequence.num_new` is the last one read; the round's read sets the true one (a stop token
+        may have ended a row earlier).
+
+        Returns:
+            The kept rows in order, or None when no row retires (as `finish`).
+        """
+        n = len(self.running)
+        return self.finish(self.num_new[:n] + ahead >= self.limits[:n])
 
     def end_round(self, num_new: np.ndarray, done: np.ndarray) -> np.ndarray | None:
         """After a decode round: the rows' new-token counts and stop mask, read from the device;
