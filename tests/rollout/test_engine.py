@@ -431,3 +431,19 @@ def test_a_row_stopped_in_an_unread_round_still_draws_in_the_next(models, overla
                           head=lambda h, w: F.linear(h[P - 1 : T - 1], w))
         expected = sample_from_logits_eager(logits, uniform[: T - P, r], temperature=0.8, top_k=20, top_p=0.9)
         assert response == expected.tolist(), f"row {r}"
+
+
+def test_the_calls_time_is_split_by_prefill_and_the_rounds_batch(models):
+    """stats() charges each interval between host syncs to what the sync waited for: the prefill
+    chunks, or decode rounds by their rows (at most 9 here; one prompt alone decodes at batch 1)."""
+    _, ours = models
+    e = engine(ours, decode_steps_per_round=3)
+    e.generate(PROMPTS, greedy(12), torch.Generator(), max_new_per_prompt=[12, 4, 12, 12, 1, 12, 7, 12, 12])
+    s = e.stats()
+    buckets = ["1", "2_16", "17_128", "129_512", "513_up"]
+    assert s["prefill_s"] > 0 and s["decode_s_batch_2_16"] > 0
+    assert s["decode_s_batch_17_128"] == s["decode_s_batch_129_512"] == s["decode_s_batch_513_up"] == 0
+    assert s["prefill_s"] + sum(s[f"decode_s_batch_{b}"] for b in buckets) <= s["time_s"]
+    e.generate(BASE[:1], greedy(12), torch.Generator())
+    s = e.stats()
+    assert s["decode_s_batch_1"] > 0 and all(s[f"decode_s_batch_{b}"] == 0 for b in buckets[1:])

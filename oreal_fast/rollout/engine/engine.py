@@ -71,7 +71,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -140,22 +140,40 @@ class LaunchedRound:
         self.rows = np.where(self.rows >= 0, new_index[self.rows], -1)
 
 
+# Where a call's time goes: prefill, and decode rounds by their rows (label, largest row count)
+BATCH_BUCKETS = (("1", 1), ("2_16", 16), ("17_128", 128), ("129_512", 512), ("513_up", None))
+
+
 @dataclass
 class RoundCounts:
     """Decode work of one `generate` call: a row step is one row in one step; it is live when the
     row had not stopped (it sampled a token that is kept), wasted when it had stopped earlier in
-    its round (or, with overlapped rounds, in the round before)."""
+    its round (or, with overlapped rounds, in the round before).
+
+    `seconds`: the call's wall time from one host sync to the next, charged to what the later sync
+    waited for: a prefill chunk ("prefill") or a decode round (its rows' bucket of BATCH_BUCKETS).
+    The host runs ahead of the device, so each interval is about the device time of that work."""
 
     rounds: int = 0
     steps: int = 0
     row_steps: int = 0
     live_row_steps: int = 0
+    seconds: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(["prefill"] + [label for label, _ in BATCH_BUCKETS], 0.0))
+    last_sync: float = field(default_factory=time.perf_counter)
 
     def add(self, steps: int, num_rows: int, taken: int) -> None:
         self.rounds += 1
         self.steps += steps
         self.row_steps += steps * num_rows
         self.live_row_steps += taken
+        self.synced(next(label for label, most in BATCH_BUCKETS if most is None or num_rows <= most))
+
+    def synced(self, work: str) -> None:
+        """A host sync that waited for `work` ("prefill" or a batch bucket's label) just returned."""
+        now = time.perf_counter()
+        self.seconds[work] += now - self.last_sync
+        self.last_sync = now
 
 
 class PagedEngine:
@@ -347,7 +365,8 @@ class PagedEngine:
         uniform = torch.rand(logits.shape[0], generator=generator, device=self.device) if params.do_sample else None
         return sample_tokens(logits, uniform, params, self.runner.sample_impl)
 
-    def _prefill(self, chunk: list[PrefillItem], params: SamplingParams, generator: torch.Generator) -> None:
+    def _prefill(self, chunk: list[PrefillItem], params: SamplingParams, generator: torch.Generator,
+                 counts: RoundCounts) -> None:
         runner = self.runner
         specs = [(it.seqs[0].prompt, it.seqs[0].out_row, 0 if it.fresh else it.seqs[0].num_new - 1, it.table)
                  for it in chunk]
@@ -355,9 +374,9 @@ class PagedEngine:
         logits = self._prefill_logits(specs, fresh, sum(it.num_tokens for it in chunk))
         first = first_lp = None
         if fresh:  # k independent draws from each prompt's one distribution
-            counts = torch.tensor([len(chunk[i].seqs) for i in fresh], device=self.device)
+            samples = torch.tensor([len(chunk[i].seqs) for i in fresh], device=self.device)
             total = sum(len(chunk[i].seqs) for i in fresh)
-            first, first_lp = self._sample(logits.repeat_interleave(counts, dim=0, output_size=total), params,
+            first, first_lp = self._sample(logits.repeat_interleave(samples, dim=0, output_size=total), params,
                                            generator)
         start_row = runner.num_rows
         runner.copy_blocks(self.scheduler.admit(chunk))
@@ -378,6 +397,7 @@ class PagedEngine:
         for row, offset, m in segments:
             done[row : row + m] = runner.record(row, first[offset : offset + m], first_lp[offset : offset + m])
         self._finish(done, first_tokens=0 if first is None else len(first))
+        counts.synced("prefill")
 
     def _prefill_logits(self, specs: list, fresh: list[int], num_tokens: int) -> torch.Tensor:
         """`runner.prefill(specs, fresh)`; out of memory, the same in two halves (module docstring)."""
@@ -412,7 +432,7 @@ class PagedEngine:
             if chunk:
                 self._read_round(flight, counts)
                 flight = None
-                self._prefill(chunk, params, generator)
+                self._prefill(chunk, params, generator, counts)
                 continue
             launched = self._launch_round(params, generator, flight) if scheduler.running else None
             self._read_round(flight, counts, newer=launched)
@@ -499,6 +519,9 @@ class PagedEngine:
             "recomputed_tokens": s.recomputed_tokens,
             # after the call: every sequence finished, so 0 unless blocks leak (a long run's soak watches it)
             "kv_blocks_in_use": self.blocks.num_used,
+            # wall seconds by what the host waited for (RoundCounts.seconds)
+            "prefill_s": rounds.seconds["prefill"],
+            **{f"decode_s_batch_{label}": rounds.seconds[label] for label, _ in BATCH_BUCKETS},
             **self.oom_counts,
         }
         self.oom_counts = dict.fromkeys(self.oom_counts, 0)
