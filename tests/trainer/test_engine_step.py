@@ -51,6 +51,7 @@ def test_auto_is_the_plain_sampler_on_cpu_and_a_too_small_pool_is_a_config_error
     ("max_num_seqs", 0, "int >= 1"),
     ("max_prefill_tokens", 0, "int >= 1"),
     ("decode_steps_per_round", 0, "int >= 1"),
+    ("overlap_decode_rounds", "yes", "expected bool"),
 ])
 def test_engine_keys_are_range_checked(tmp_path, tiny_model_dir, prompt_file, key, value, why):
     with pytest.raises(ConfigError, match=f"{key} in .*{why}"):
