@@ -17,9 +17,10 @@ Row state (device, `max_num_seqs` rows, the first `num_rows` live, in the schedu
 [max_num_seqs, max_blocks_per_seq] int32, `num_new`, `limits`, `out_rows` (row of the generated-token
 buffer), `done` (stopped: set by the stop check, cleared only for rows `add_rows` appends). A
 decode step derives from them its `slots` (block_tables[pos // block_size] * block_size + pos %
-block_size) and `context_lens` (pos + 1), written in place into buffers of their own. Rows past `num_rows` are all zeros and `done`; a done
-row writes its k/v into the null block (id 0, `NULL_BLOCK`), which nothing reads, so a CUDA graph
-padded up to its bucket and a row that stopped in an earlier step write nothing anyone reads.
+block_size) and `context_lens` (pos + 1), written in place into buffers of their own. Rows past
+`num_rows` are all zeros and `done`; a done row writes its k/v into the null block (id 0,
+`NULL_BLOCK`), which nothing reads, so a CUDA graph padded up to its bucket and a row that stopped
+in an earlier step write nothing anyone reads.
 
 A round (`start_round`, `decode_step` x steps, `end_round`) runs several decode steps with no host
 sync: each step is the forward, then its tail, all on the device: sample (greedy argmax, or the
