@@ -13,6 +13,7 @@ from oreal_fast.kernels.decode_gemv import (add_rms_norm_partials, add_rms_norm_
 from oreal_fast.kernels.linear_logprob import linear_logprob, linear_logprob_eager
 from oreal_fast.kernels.fused_oreal_loss import fused_oreal_loss, fused_oreal_loss_eager
 from oreal_fast.kernels.paged_attention import paged_decode_attention, paged_decode_attention_eager
+from oreal_fast.kernels.skinny_gemm import skinny_linear, skinny_linear_eager
 from oreal_fast.kernels.sampling import (sample_from_logits, sample_from_logits_eager, sample_with_logprobs,
                                         sample_with_logprobs_eager, token_logprobs, token_logprobs_eager)
 from oreal_fast.kernels.trunk_inference import (add_rms_norm, add_rms_norm_eager, rope_write_kv, rope_write_kv_eager,
@@ -25,4 +26,5 @@ __all__ = ["IGNORE_INDEX", "add_rms_norm", "add_rms_norm_eager", "add_rms_norm_p
            "norm_linear_rope_kv", "norm_linear_rope_kv_eager", "paged_decode_attention",
            "paged_decode_attention_eager", "rope_write_kv", "rope_write_kv_eager",
            "sample_from_logits", "sample_from_logits_eager", "sample_with_logprobs", "sample_with_logprobs_eager",
-           "silu_mul", "silu_mul_eager", "token_logprobs", "token_logprobs_eager"]
+           "silu_mul", "silu_mul_eager", "skinny_linear", "skinny_linear_eager", "token_logprobs",
+           "token_logprobs_eager"]

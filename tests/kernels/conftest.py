@@ -30,3 +30,15 @@ def poison_cuda_allocator() -> Callable[[], None]:
     """A function that fills the CUDA caching allocator's free blocks with NaN; call it after the
     inputs exist, so outputs a kernel leaves unwritten show up as NaN, not as stale values."""
     return _poison_cuda_allocator
+
+
+@pytest.fixture
+def fp32_gemm_sums():
+    """The twins' GEMMs sum in fp32 throughout, as the kernels do (cuBLAS may otherwise add bf16
+    split-K partials in bf16). Saved and restored by hand: the setting is a property of torch's
+    cuBLAS module, which pytest's monkeypatch (9.2) cannot restore."""
+    matmul = torch.backends.cuda.matmul
+    saved = matmul.allow_bf16_reduced_precision_reduction
+    matmul.allow_bf16_reduced_precision_reduction = False
+    yield
+    matmul.allow_bf16_reduced_precision_reduction = saved

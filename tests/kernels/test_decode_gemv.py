@@ -46,6 +46,7 @@ from oreal_fast.rollout.engine.model_runner import DecodeCache, PrefillCache
 EPS32 = torch.finfo(torch.float32).eps
 EPS = 1e-6
 SPLIT = 32  # small splits on small shapes: three or four partials
+pytestmark = pytest.mark.usefixtures("fp32_gemm_sums")  # the twins' GEMMs sum in fp32, as the kernels do
 
 
 def _dtype(device):
@@ -55,18 +56,6 @@ def _dtype(device):
 def _low_eps(dtype):
     """One ulp of the activation dtype, relative; 0 in fp32 (its roundings are the sums' own)."""
     return 0.0 if dtype == torch.float32 else torch.finfo(dtype).eps
-
-
-@pytest.fixture(autouse=True)
-def fp32_gemm_sums():
-    """The twins' GEMMs sum in fp32 throughout, as the kernels do (cuBLAS may otherwise add bf16
-    split-K partials in bf16). Saved and restored by hand: the setting is a property of torch's
-    cuBLAS module, which pytest's monkeypatch (9.2) cannot restore."""
-    matmul = torch.backends.cuda.matmul
-    saved = matmul.allow_bf16_reduced_precision_reduction
-    matmul.allow_bf16_reduced_precision_reduction = False
-    yield
-    matmul.allow_bf16_reduced_precision_reduction = saved
 
 
 def _assert_within(got, ref, bound, rounded_once=None, count_flips=True):

@@ -204,6 +204,12 @@ def test_decode_steps_per_round_must_be_positive(models):
         EngineConfig(max_model_len=64, kv_cache_bytes=2**20, decode_steps_per_round=0)
 
 
+@pytest.mark.parametrize("key", ["gemv_max_tokens", "skinny_max_tokens"])
+def test_few_token_thresholds_must_not_be_negative(key):
+    with pytest.raises(ValueError, match=f"EngineConfig.{key} = -1: must be >= 0"):
+        EngineConfig(max_model_len=64, kv_cache_bytes=2**20, **{key: -1})
+
+
 def test_one_sequence_of_a_long_max_model_len_fits_beside_the_watermark(models):
     """max_num_seqs 1 and 100 blocks a sequence: the pool's cap (what the engine can ever use)
     leaves one whole sequence free beside the watermark, which holds back one block here."""

@@ -9,8 +9,8 @@ tie), and (b) everywhere be within TIE of the fp32 reference's best logit given 
 prefix. A real bug (wrong slot, block or position) picks tokens far below the best (gaps of order
 1 at this init), well above TIE. Graph and eager decode run the same kernels on the same shapes,
 so they must agree token for token, sampled runs, stops inside a decode round and preemption
-included. Both checks run twice: with the plain layers, and with every decode bucket on the
-few-token GEMV layers (`gemv_max_tokens`).
+included. Both checks run three times: with the plain layers, and with every decode bucket on the
+few-token GEMV layers (`gemv_max_tokens`) or on the skinny-GEMM layers (`skinny_max_tokens`).
 
 Log-probs: the engine (bf16 weight copy, bf16 logits, its fused kernels, the KV cache) against the
 trainer's actor holding the same weights (fp32 masters under bf16 autocast, Triton trunk ops, the
@@ -59,10 +59,16 @@ def prompts():
     return distinct[:3] + [distinct[3]] * 3 + [distinct[4]] * 2  # a batch of 8, two prompts shared
 
 
-@pytest.fixture(params=[0, 16], ids=["plain_layers", "gemv_layers"])
-def gemv_max_tokens(request):
-    """The engine's few-token threshold: 16 puts every decode bucket of these 8 prompts on the
-    GEMV layers (`decode_gemv`), graphs included; the prefills stay on the plain layers."""
+# the engine's few-token thresholds, and the path they put every decode bucket of these 8 prompts on
+LAYERS = {"plain_layers": ({"gemv_max_tokens": 0}, "plain"), "gemv_layers": ({"gemv_max_tokens": 16}, "gemv"),
+          "skinny_layers": ({"gemv_max_tokens": 0, "skinny_max_tokens": 16}, "skinny")}
+
+
+@pytest.fixture(params=list(LAYERS.values()), ids=list(LAYERS))
+def layers(request):
+    """(EngineConfig overrides, layer path): every decode bucket of these 8 prompts on the plain
+    layers, the GEMV layers (`decode_gemv`) or the skinny-GEMM layers (`skinny_gemm`), graphs
+    included; the prefills stay on the plain layers."""
     return request.param
 
 
@@ -93,11 +99,12 @@ def reference_gaps(m32, prompt, response):
 
 @pytest.mark.parametrize("steps_per_round", [1, 16])
 def test_greedy_bf16_equals_plain_sampler_until_a_near_tie(model, model32, prompts, record_property, steps_per_round,
-                                                            gemv_max_tokens):
+                                                            layers):
     params = SamplingParams(max_new_tokens=NEW, max_length=MAX_LEN, do_sample=False)
     plain = PlainSampler(model, max_batch_size=8).generate(prompts, params, torch.Generator("cuda"))
-    engine = make_engine(model, decode_steps_per_round=steps_per_round, gemv_max_tokens=gemv_max_tokens)
-    assert engine.runner.model.gemv_max_tokens == gemv_max_tokens
+    overrides, path = layers
+    engine = make_engine(model, decode_steps_per_round=steps_per_round, **overrides)
+    assert engine.runner.model.layer_path(8) == path
     got = engine.generate(prompts, params, torch.Generator("cuda"))
     exact = 0
     for prompt, ours, theirs in zip(prompts, got, plain):
@@ -129,13 +136,15 @@ def test_cuda_graph_decode_equals_eager_decode(model, prompts, block_size, do_sa
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not pdl_available(torch.device("cuda")),
                     reason="programmatic dependent launch needs compute capability >= 9")
-def test_programmatic_dependent_launch_changes_no_token(model, prompts):
-    """The GEMV layers with `gemv_pdl` run the same instructions on the same data, only launched
+@pytest.mark.parametrize("few_token", [LAYERS["gemv_layers"][0], LAYERS["skinny_layers"][0]],
+                         ids=["gemv_layers", "skinny_layers"])
+def test_programmatic_dependent_launch_changes_no_token(model, prompts, few_token):
+    """The few-token layers with `gemv_pdl` run the same instructions on the same data, only launched
     earlier: sampled (top-p 0.9) in rounds of 8 from CUDA graphs, every token and log-prob equal."""
     params = SamplingParams(max_new_tokens=NEW, max_length=MAX_LEN, top_p=0.9)
     runs = []
     for pdl in (False, True):
-        engine = make_engine(model, decode_steps_per_round=8, gemv_max_tokens=16, gemv_pdl=pdl)
+        engine = make_engine(model, decode_steps_per_round=8, gemv_pdl=pdl, **few_token)
         assert engine.runner.model.gemv_pdl is pdl
         runs.append((engine.generate(prompts, params, torch.Generator("cuda").manual_seed(5)),
                      engine.response_logprobs()))
@@ -143,7 +152,7 @@ def test_programmatic_dependent_launch_changes_no_token(model, prompts):
     assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))
 
 
-def test_stops_inside_a_round_and_preemption_between_rounds_graph_equals_eager(model, prompts, gemv_max_tokens):
+def test_stops_inside_a_round_and_preemption_between_rounds_graph_equals_eager(model, prompts, layers):
     """Sampled (top-p 0.9), rounds of 8 steps, a pool of 40 blocks of 16 (the batch needs about 60),
     so rows are preempted at round boundaries and recomputed. The stop token is a token of the
     same run without stop tokens, first seen late and not at a round's last step: the run with it
@@ -151,7 +160,7 @@ def test_stops_inside_a_round_and_preemption_between_rounds_graph_equals_eager(m
     def run(cuda_graph, stop=()):
         engine = PagedEngine(model, EngineConfig(max_model_len=MAX_LEN, kv_cache_bytes=40 * 16 * KV_BYTES_PER_TOKEN,
                                                  max_num_seqs=32, cuda_graph=cuda_graph, decode_steps_per_round=8,
-                                                 gemv_max_tokens=gemv_max_tokens),
+                                                 **layers[0]),
                              dtype=torch.bfloat16)
         params = SamplingParams(max_new_tokens=NEW, max_length=MAX_LEN, top_p=0.9, stop_token_ids=stop)
         out = engine.generate(prompts, params, torch.Generator("cuda").manual_seed(4))

@@ -39,8 +39,10 @@ def decoder(config: DecoderConfig) -> Decoder:
     return m.requires_grad_(False).eval()
 
 
-def inference_copy(m: Decoder, impl: str = "eager", gemv_max_tokens: int = 0) -> InferenceModel:
-    copy = InferenceModel(m.config, device="cpu", dtype=torch.float32, impl=impl, gemv_max_tokens=gemv_max_tokens)
+def inference_copy(m: Decoder, impl: str = "eager", gemv_max_tokens: int = 0,
+                   skinny_max_tokens: int = 0) -> InferenceModel:
+    copy = InferenceModel(m.config, device="cpu", dtype=torch.float32, impl=impl, gemv_max_tokens=gemv_max_tokens,
+                          skinny_max_tokens=skinny_max_tokens)
     copy.load_weights(full_weights(m))
     return copy
 
@@ -79,21 +81,26 @@ def test_load_weights_names_what_is_wrong():
 
 
 def _impls():
-    """(impl, gemv_max_tokens): the few-token GEMV layers (Triton only) for the decode steps of
-    2 tokens alone (2), or for the prefill of 14 tokens too (16)."""
+    """(impl, gemv_max_tokens, skinny_max_tokens): the few-token GEMV layers (Triton only) for the
+    decode steps of 2 tokens alone (2, 0), or for the prefill of 14 tokens too (16, 0); the
+    skinny-GEMM layers for the decode steps (0, 2), for the prefill too (0, 16), or for the
+    prefill beside GEMV decode steps (2, 16)."""
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     needs = pytest.mark.skipif(not interpret, reason="needs TRITON_INTERPRET=1")
-    return [("eager", 0), *(pytest.param("triton", n, marks=needs, id=f"triton-gemv{n}") for n in (0, 2, 16))]
+    return [("eager", 0, 0), *(pytest.param("triton", g, s, marks=needs, id=f"triton-gemv{g}-skinny{s}")
+                               for g, s in ((0, 0), (2, 0), (16, 0), (0, 2), (0, 16), (2, 16)))]
 
 
-@pytest.mark.parametrize("impl, gemv_max_tokens", _impls())
+@pytest.mark.parametrize("impl, gemv_max_tokens, skinny_max_tokens", _impls())
 @pytest.mark.parametrize("name", CONFIGS)
-def test_prefill_then_decode_gives_the_decoders_logits(name, impl, gemv_max_tokens):
+def test_prefill_then_decode_gives_the_decoders_logits(name, impl, gemv_max_tokens, skinny_max_tokens):
     """Two sequences (prompts of 5 and 9 tokens) prefilled in one packed forward, then 6 decode
     steps fed a fixed continuation, in a pool of blocks of 4 given out in scrambled order; each
     step's logits against the Decoder's plain causal forward over the whole sequences."""
     m = decoder(CONFIGS[name])
-    c, copy = m.config, inference_copy(m, impl, gemv_max_tokens)
+    c, copy = m.config, inference_copy(m, impl, gemv_max_tokens, skinny_max_tokens)
+    assert copy.layer_path(2) == ("plain" if impl == "eager" else
+                                  "gemv" if gemv_max_tokens >= 2 else "skinny" if skinny_max_tokens >= 2 else "plain")
     g = torch.Generator().manual_seed(1)
     seqs = [torch.randint(0, c.vocab_size, (n,), generator=g) for n in (5 + 6, 9 + 6)]
     prompt_lens, steps, bs = [5, 9], 6, 4

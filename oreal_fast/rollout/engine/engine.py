@@ -109,8 +109,12 @@ class EngineConfig:
     # forwards of at most this many tokens run the few-token GEMV layers (CUDA): they win at one token
     # (decode step 1.01 vs 1.13 GPU ms on an H100) and lose from four on (benchmarks/RESULTS.md)
     gemv_max_tokens: int = 1
-    # the GEMV layers' kernels, and the decode attention's between them, launch with programmatic
-    # dependent launch: each loads its weights while the kernel before it finishes. None: where the
+    # forwards of more tokens than that and at most this many run the skinny-GEMM layers (CUDA):
+    # tensor-core GEMMs with SwiGLU and the split-K sums fused, 7 kernels a layer besides attention
+    # where cuBLAS's layer runs 9 to 11 (`InferenceModel`); 0: never
+    skinny_max_tokens: int = 0
+    # the few-token layers' kernels (GEMV and skinny), and the decode attention's between them, launch
+    # with programmatic dependent launch: each starts while the kernel before it finishes. None: where the
     # device has it (Hopper and later; on an H100 the batch-1 step took 0.793 GPU ms with it, 0.862
     # without, same tokens: benchmarks/RESULTS.md); True: required; False: off
     gemv_pdl: bool | None = None
@@ -120,6 +124,8 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.decode_steps_per_round = {self.decode_steps_per_round}: must be >= 1")
         if self.gemv_max_tokens < 0:
             raise ValueError(f"EngineConfig.gemv_max_tokens = {self.gemv_max_tokens}: must be >= 0")
+        if self.skinny_max_tokens < 0:
+            raise ValueError(f"EngineConfig.skinny_max_tokens = {self.skinny_max_tokens}: must be >= 0")
 
 
 @dataclass
@@ -200,7 +206,8 @@ class PagedEngine:
         self.runner = ModelRunner(actor, dtype=dtype, num_blocks=capacity + 1, block_size=config.block_size,
                                   max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
                                   cuda_graph=config.cuda_graph, steps_per_round=config.decode_steps_per_round,
-                                  gemv_max_tokens=config.gemv_max_tokens, gemv_pdl=config.gemv_pdl)
+                                  gemv_max_tokens=config.gemv_max_tokens,
+                                  skinny_max_tokens=config.skinny_max_tokens, gemv_pdl=config.gemv_pdl)
         self._track_blocks(capacity)
         self.device = self.runner.device
         self.oom_counts = {"prefill_oom_splits": 0, "pool_oom_shrinks": 0}  # since the last call's stats

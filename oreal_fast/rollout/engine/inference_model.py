@@ -34,17 +34,33 @@ small T):
 
 ending with `add_rms_norm_partials(x, r, norm)`. The caller sets the threshold (the engine's
 `EngineConfig.gemv_max_tokens`, 1: on an H100 the path wins at one token and loses from four,
-benchmarks/test_bench_decode_gemv.py); a decode CUDA graph's batch bucket fixes its T, so each
-graph takes one path. With `gemv_pdl` these kernels launch with programmatic dependent launch
-(Hopper and later): each loads its weights while the kernel before it finishes (the model runner
-launches the decode attention between them the same way).
+benchmarks/test_bench_decode_gemv.py).
+
+A few dozen tokens (`gemv_max_tokens` < T <= `skinny_max_tokens`, Triton only): the GEMV layers'
+CUDA-core products re-read the activations per program, so past a few tokens the layer runs as
+tensor-core skinny GEMMs (`oreal_fast.kernels.skinny_gemm`) with SwiGLU in the gate|up epilogue
+and the o and down projections as fp32 partial sums that the next norm adds: 7 kernels besides
+the attention, where the cuBLAS layer above runs 9 to 11:
+
+    h, r = add_rms_norm_partials(x, r, attn_norm)         # x: the last down's partials
+    qkv  = skinny_linear(h, Wqkv, bqkv)
+    o    = cache.attend(layer, qkv, positions, rope)
+    x    = skinny_linear(o, Wo, splits=O_SPLITS)           # [S, T, H] fp32
+    h, r = add_rms_norm_partials(x, r, mlp_norm)
+    a    = skinny_linear(h, Wgate_up, swiglu=True)
+    x    = skinny_linear(a, Wdown, splits=DOWN_SPLITS)
+
+ending as the GEMV path ends. A decode CUDA graph's batch bucket fixes its T, so each graph takes
+one path. With `gemv_pdl` the kernels of both few-token paths launch with programmatic dependent
+launch (Hopper and later): each starts while the kernel before it finishes (the GEMV kernels load
+their weights meanwhile; the model runner launches the decode attention between them the same way).
 
 Not here: training (no autograd; the trained model is the Decoder), the KV pool and attention
 (`model_runner`), sampling. Kernels run as Triton on CUDA (`impl="triton"`) and as their eager
 twins elsewhere.
 Invariants: the same weights give the Decoder's numbers: every op rounds where the Decoder's op
 rounds (only the matmuls' shapes and sum orders differ, one GEMM where the Decoder runs three or
-two, fp32 partial sums added before the one rounding on the few-token path). Weights
+two, fp32 partial sums added before the one rounding on the few-token paths). Weights
 are only ever written in place (captured CUDA graphs hold their addresses).
 """
 
@@ -57,8 +73,13 @@ import torch
 import torch.nn as nn
 
 from oreal_fast.kernels.decode_gemv import add_rms_norm_partials, linear_partials, norm_linear, norm_linear_rope_kv
+from oreal_fast.kernels.skinny_gemm import skinny_linear
 from oreal_fast.kernels.trunk_inference import add_rms_norm, silu_mul
 from oreal_fast.model.decoder import DecoderConfig, Head, rope_table
+
+# K splits of the skinny path's o and down projections: enough programs to fill an H100 at the
+# Qwen2.5-0.5B shape (112 and 168 programs of 16 rows; benchmarks/test_bench_skinny_gemm.py)
+O_SPLITS, DOWN_SPLITS = 2, 3
 
 
 class PagedCache(Protocol):
@@ -141,6 +162,18 @@ class Layer(nn.Module):
                                     swiglu=True, pdl=pdl)  # (T, I)
         return linear_partials(act, mlp.down.weight, pdl=pdl), residual
 
+    def forward_skinny(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
+                       rope: torch.Tensor, cache: PagedCache, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` as tensor-core skinny GEMMs (module docstring), with the same inputs and outputs
+        as `forward_gemv`."""
+        attn, mlp = self.attn, self.mlp
+        h, residual = add_rms_norm_partials(x, residual, self.attn_norm, self.eps, pdl=pdl)
+        out = cache.attend(attn.layer, skinny_linear(h, attn.qkv.weight, attn.qkv.bias, pdl=pdl), positions, rope)
+        x = skinny_linear(out.flatten(1), attn.o.weight, attn.o.bias, splits=O_SPLITS, pdl=pdl)  # (S, T, H) fp32
+        h, residual = add_rms_norm_partials(x, residual, self.mlp_norm, self.eps, pdl=pdl)
+        act = skinny_linear(h, mlp.gate_up.weight, mlp.gate_up.bias, swiglu=True, pdl=pdl)  # (T, I)
+        return skinny_linear(act, mlp.down.weight, splits=DOWN_SPLITS, pdl=pdl), residual
+
 
 class InferenceModel(nn.Module):
     """The decoder for generation: embed -> layers -> final norm -> head, over one packed batch.
@@ -151,15 +184,18 @@ class InferenceModel(nn.Module):
         impl: "triton" (CUDA, or CPU under TRITON_INTERPRET=1) or "eager": the trunk ops' implementation.
         gemv_max_tokens: with impl "triton", forwards of at most this many tokens run the few-token
             GEMV layers (module docstring); 0 (this class's default) never does.
-        gemv_pdl: the GEMV layers' kernels launch with programmatic dependent launch (a CUDA device
-            of compute capability >= 9: `kernels.common.pdl_available`).
+        skinny_max_tokens: with impl "triton", forwards of more than gemv_max_tokens and at most this
+            many tokens run the skinny-GEMM layers (module docstring); 0 (the default) never does.
+        gemv_pdl: the kernels of both few-token paths launch with programmatic dependent launch (a
+            CUDA device of compute capability >= 9: `kernels.common.pdl_available`).
     """
 
     def __init__(self, config: DecoderConfig, *, device: torch.device | str, dtype: torch.dtype, impl: str,
-                 gemv_max_tokens: int = 0, gemv_pdl: bool = False) -> None:
+                 gemv_max_tokens: int = 0, skinny_max_tokens: int = 0, gemv_pdl: bool = False) -> None:
         super().__init__()
         factory = {"device": device, "dtype": dtype}
         self.config, self.impl, self.gemv_max_tokens, self.gemv_pdl = config, impl, gemv_max_tokens, gemv_pdl
+        self.skinny_max_tokens = skinny_max_tokens
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size, **factory)
         self.layers = nn.ModuleList(Layer(config, i, impl, **factory) for i in range(config.num_layers))
         self.norm = nn.Parameter(torch.empty(config.hidden_size, **factory))
@@ -187,9 +223,11 @@ class InferenceModel(nn.Module):
         """
         x, residual = self.embed(input_ids), None  # (T, H)
         rope, eps = self.rope_table(), self.config.rms_norm_eps
-        if self.runs_gemv_layers(x.shape[0]):
+        path = self.layer_path(x.shape[0])
+        if path != "plain":
             for layer in self.layers:
-                x, residual = layer.forward_gemv(x, residual, positions, rope, cache, pdl=self.gemv_pdl)
+                forward = layer.forward_gemv if path == "gemv" else layer.forward_skinny
+                x, residual = forward(x, residual, positions, rope, cache, pdl=self.gemv_pdl)
             hidden, _ = add_rms_norm_partials(x, residual, self.norm, eps, pdl=self.gemv_pdl)
         else:
             for layer in self.layers:
@@ -197,9 +235,14 @@ class InferenceModel(nn.Module):
             hidden, _ = add_rms_norm(x, residual, self.norm, eps, impl=self.impl)
         return head(hidden, self.lm_head_weight)
 
-    def runs_gemv_layers(self, num_tokens: int) -> bool:
-        """A forward of ``num_tokens`` takes the few-token GEMV layers (module docstring)."""
-        return self.impl == "triton" and num_tokens <= self.gemv_max_tokens
+    def layer_path(self, num_tokens: int) -> str:
+        """Which layers a forward of ``num_tokens`` runs (module docstring): "gemv" (few-token GEMVs),
+        "skinny" (tensor-core skinny GEMMs) or "plain" (cuBLAS GEMMs and the fused elementwise ops)."""
+        if self.impl != "triton":
+            return "plain"
+        if num_tokens <= self.gemv_max_tokens:
+            return "gemv"
+        return "skinny" if num_tokens <= self.skinny_max_tokens else "plain"
 
     def rope_table(self) -> torch.Tensor:
         """`decoder.rope_table(config)` on the weights' device, computed once: [P, 2, head_dim] fp32."""

@@ -61,7 +61,9 @@ may add one to a GEMM, e.g. a split-K reduction):
   8. silu_mul on the two halves of the gate|up output
   9. down GEMM
 With `gemv_max_tokens` at or above a bucket, that bucket's layers run 1-3, 5-9 as four kernels
-(`InferenceModel`'s few-token path: 5 or 6 per layer).
+(`InferenceModel`'s few-token path: 5 or 6 per layer); with `skinny_max_tokens` at or above it (and
+`gemv_max_tokens` below), 1-3 and 5-9 as seven: q|k|v, o, gate|up with SwiGLU and down as
+tensor-core skinny GEMMs, o and down leaving fp32 partials that the next norm adds (8 or 9).
 Once per step: before the layers `decode_slots` (the slots, context lengths and the step's
 uniforms: one kernel) and the embedding; after them the final add_rms_norm and the LM head;
 then sampling (with the tokens' log-probs; greedy rows take one more pass over the logits) and
@@ -149,7 +151,7 @@ class DecodeCache:
     def __init__(self, kv: torch.Tensor, slots: torch.Tensor, block_tables: torch.Tensor,
                  context_lens: torch.Tensor, impl: str, pdl: bool = False):
         self.kv, self.slots, self.block_tables, self.context_lens, self.impl = kv, slots, block_tables, context_lens, impl
-        self.pdl = pdl  # the kernels launch with programmatic dependent launch (the GEMV layers' steps)
+        self.pdl = pdl  # the kernels launch with programmatic dependent launch (the few-token layers' steps)
 
     def kv_pool(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.kv[layer, 0], self.kv[layer, 1], self.slots
@@ -194,13 +196,15 @@ class ModelRunner:
         steps_per_round: the most decode steps of one round.
         gemv_max_tokens: forwards of at most this many tokens (decode buckets, small prefills) run
             the weight copy's few-token GEMV layers on CUDA (`InferenceModel`); 0 never does.
-        gemv_pdl: those layers' kernels launch with programmatic dependent launch; None: where
+        skinny_max_tokens: forwards of more tokens than that and at most this many run its
+            skinny-GEMM layers on CUDA (`InferenceModel`); 0 never does.
+        gemv_pdl: the kernels of both paths launch with programmatic dependent launch; None: where
             the device has it (`kernels.common.pdl_available`).
     """
 
     def __init__(self, actor: Decoder, *, dtype: torch.dtype, num_blocks: int, block_size: int,
                  max_num_seqs: int, max_model_len: int, cuda_graph: bool, steps_per_round: int,
-                 gemv_max_tokens: int, gemv_pdl: bool | None) -> None:
+                 gemv_max_tokens: int, skinny_max_tokens: int, gemv_pdl: bool | None) -> None:
         device = actor.embed.weight.device
         self.device, self.dtype, self.block_size = device, dtype, block_size
         self.num_blocks, self.max_num_seqs = num_blocks, max_num_seqs
@@ -221,7 +225,8 @@ class ModelRunner:
         check_pdl("gemv_pdl", gemv_pdl, device)
         # on CUDA the copy's elementwise ops are Triton kernels (forward only), elsewhere their eager twins
         self.model = InferenceModel(c, device=device, dtype=dtype, impl=self.attn_impl,
-                                    gemv_max_tokens=gemv_max_tokens, gemv_pdl=gemv_pdl).eval()
+                                    gemv_max_tokens=gemv_max_tokens, skinny_max_tokens=skinny_max_tokens,
+                                    gemv_pdl=gemv_pdl).eval()
         self.prefill_backend = make_backend(resolve_backend_name("auto", device, dtype))
         self.sync_weights(full_weights(actor))
         self._allocate_row_state(steps_per_round)
@@ -522,8 +527,8 @@ class ModelRunner:
         # a done row's slot: slot 0 of the null block, which nothing reads; and the step's uniforms for the tail
         decode_slots(pos, tables, self.done[:b], self.block_size, self.step, self.uniform[:, :b], slots, context,
                      self.step_uniform[:b], impl=self.row_state_impl)
-        # the attention kernels launch as the GEMV layers around them do
-        pdl = self.model.gemv_pdl and self.model.runs_gemv_layers(b)
+        # the attention kernels launch as the few-token layers around them do
+        pdl = self.model.gemv_pdl and self.model.layer_path(b) != "plain"
         cache = DecodeCache(self.kv, slots, tables, context, self.attn_impl, pdl=pdl)
         out = self.logits[:b]
 
