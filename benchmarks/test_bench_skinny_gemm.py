@@ -10,11 +10,15 @@ Providers:
   oreal_fast      skinny_linear: q|k|v rounded, o and down as fp32 partial sums over SPLITS of K,
                   gate|up with SwiGLU in its epilogue
   oreal_fast_pdl  the same launched with programmatic dependent launch (Hopper and later)
+  oreal_fast_k64, oreal_fast_k256  oreal_fast with K tiles of 64 or 256 columns (the default: 128)
 Every call is timed inside a CUDA graph of CALLS calls of the projection (the weights, 2-17 MB, stay
 in L2 only for the smallest ones: `weight_mb` says which). extra_info: us (median per call), T,
 projection, weight_mb, gb_per_s (the weight bytes over that time), copy_gb_per_s (a device-to-device
 copy measured in the same session, read + write bytes).
 """
+
+import contextlib
+import dataclasses
 
 import pytest
 import torch
@@ -22,6 +26,7 @@ import torch.nn.functional as F
 
 import gpu_timing
 from oreal_fast.kernels.common import pdl_available
+from oreal_fast.kernels import skinny_gemm
 from oreal_fast.kernels.skinny_gemm import skinny_linear
 from oreal_fast.kernels.trunk_inference import silu_mul
 
@@ -30,7 +35,7 @@ H, I, QKV = 896, 4864, 1152
 PROJECTIONS = {"qkv": (QKV, H, True, False, 1), "o": (H, H, False, False, 2),
                "gate_up": (2 * I, H, False, True, 1), "down": (H, I, False, False, 3)}
 TOKENS = (2, 4, 8, 16, 32, 64)
-PROVIDERS = ("cublas", "oreal_fast", "oreal_fast_pdl")
+PROVIDERS = ("cublas", "oreal_fast", "oreal_fast_pdl", "oreal_fast_k64", "oreal_fast_k256")
 CALLS = 20
 
 
@@ -53,6 +58,18 @@ def _call(provider: str, projection: str, T: int):
     return lambda: skinny_linear(x, w, b, swiglu=swiglu, splits=splits, pdl=pdl)
 
 
+@contextlib.contextmanager
+def _block_k(provider: str):
+    """The K tile a provider names (`_k64`, `_k256`) while its calls are captured."""
+    default = skinny_gemm._TILES_CUDA
+    if provider.startswith("oreal_fast_k"):
+        skinny_gemm._TILES_CUDA = dataclasses.replace(default, block_k=int(provider.rpartition("_k")[2]))
+    try:
+        yield
+    finally:
+        skinny_gemm._TILES_CUDA = default
+
+
 @pytest.mark.parametrize("provider", PROVIDERS)
 @pytest.mark.parametrize("T", TOKENS)
 @pytest.mark.parametrize("projection", list(PROJECTIONS))
@@ -60,12 +77,13 @@ def test_skinny_linear(benchmark, copy_gb_per_s, projection, T, provider):
     if provider == "oreal_fast_pdl" and not pdl_available(torch.device("cuda")):
         pytest.skip("programmatic dependent launch needs compute capability >= 9")
     fn = _call(provider, projection, T)
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
+    with _block_k(provider):
+        fn()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(CALLS):
+                fn()
 
     def step():
         graph.replay()
