@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The skinny-GEMM layers on one GPU, in under 8 minutes on an H100/H200 (the steps' limits): the
+# kernel's bf16 parity tests, the engine's GPU tests on the skinny path, the four projections against
+# cuBLAS (benchmarks/test_bench_skinny_gemm.py), the decode step with the path on (`-K64` cases)
+# beside the default, and the official-shape rollout at the defaults (its engine stats split the
+# time by live batch); then decode attention with a shared prompt beside the same shape unshared.
+#   OUT=results_dir bash benchmarks/gpu_skinny.sh [tests] [engine] [kernel] [decode] [official] [shared]
+# Writes under $OUT: env.txt, steps.txt, *_tests.log, skinny.json, decode.json, rollout_official.json,
+# paged_shared.json, and the logs of each step. A failed or slow step does not stop the next one.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-benchmarks/results/gpu_skinny}
+export OUT PYTHONPATH=.:benchmarks${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+STEPS=" ${*:-tests engine kernel decode official shared} "
+. benchmarks/gpu_steps.sh
+bench() {  # name, seconds, json, file, -k expression
+  step "$1" "$2" python3 -m pytest -q -p no:cacheprovider "$4" --benchmark-only ${5:+-k "$5"} \
+    --benchmark-json "$OUT/$3.json" > "$OUT/$1.log" 2>&1
+}
+step tests 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_skinny_gemm.py > "$OUT/kernel_tests.log" 2>&1
+step engine 120 python3 -m pytest -q -p no:cacheprovider tests/rollout/test_engine_gpu.py -k skinny \
+  > "$OUT/engine_tests.log" 2>&1
+bench kernel 90 skinny benchmarks/test_bench_skinny_gemm.py
+bench decode 170 decode benchmarks/test_bench_decode.py "K64 or B4-C128] or B16-C2048] or B16-C128] or B64-C128]"
+bench official 130 rollout_official benchmarks/test_bench_rollout.py official
+bench shared 60 paged_shared benchmarks/test_bench_paged_attention.py \
+  "oreal_fast and (shared or B1024 or B256-L2048-tight or B64-L8192-tight)"
+cat "$OUT/steps.txt"
+tail -n 2 "$OUT"/*_tests.log 2>/dev/null
+python3 - "$OUT" <<'PY'
+import json, sys
+out = sys.argv[1]
+
+
+def cases(name):
+    try:
+        return json.load(open(f"{out}/{name}.json"))["benchmarks"]
+    except (OSError, ValueError, KeyError):
+        return []  # a step that timed out saved nothing
+
+
+rows = {}
+for b in cases("skinny"):
+    e = b["extra_info"]
+    rows.setdefault((e["projection"], e["T"]), {})[b["params"]["provider"]] = e["us"]
+if rows:
+    providers = sorted({p for v in rows.values() for p in v})
+    print("projection T  " + "  ".join(providers) + "   (us per call)")
+    for (projection, T), v in rows.items():
+        print(f"{projection} {T}  " + "  ".join(f"{v.get(p, float('nan')):.2f}" for p in providers))
+for b in cases("decode"):
+    e = b["extra_info"]
+    print(b["param"], {k: e.get(k) for k in ("step_ms", "gpu_ms", "floor_ms", "kernels_per_step")})
+for b in cases("rollout_official"):
+    print("official", {k: v for k, v in b["extra_info"].items() if k != "oreal_fast_path"})
+for b in cases("paged_shared"):
+    e = b["extra_info"]
+    print(b["name"], {k: e.get(k) for k in ("us", "gb", "gb_unique", "frac_of_copy", "num_splits")})
+PY
