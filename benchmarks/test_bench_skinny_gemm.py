@@ -3,7 +3,7 @@ the cuBLAS path the engine runs there.
 
 Run: `pytest benchmarks/test_bench_skinny_gemm.py --benchmark-only` (CUDA only).
 Qwen2.5-0.5B shapes, bf16, random weights: q|k|v [1152, 896] with bias, o [896, 896], gate|up
-[9728, 896] with SwiGLU, down [896, 4864]; T tokens in 2, 4, 8, 16, 32, 64.
+[9728, 896] with SwiGLU, down [896, 4864]; T tokens in 2, 4, 8, 16, 32, 64 and 128 (two token tiles).
 Providers:
   cublas          what the engine's plain layers run: F.linear (addmm with the bias), then
                   trunk_inference.silu_mul for gate|up
@@ -34,7 +34,7 @@ H, I, QKV = 896, 4864, 1152
 # projection -> (rows of W, K, bias, SwiGLU, splits of K for oreal_fast)
 PROJECTIONS = {"qkv": (QKV, H, True, False, 1), "o": (H, H, False, False, 2),
                "gate_up": (2 * I, H, False, True, 1), "down": (H, I, False, False, 3)}
-TOKENS = (2, 4, 8, 16, 32, 64)
+TOKENS = (2, 4, 8, 16, 32, 64, 128)
 PROVIDERS = ("cublas", "oreal_fast", "oreal_fast_pdl", "oreal_fast_k64", "oreal_fast_k256")
 CALLS = 20
 
