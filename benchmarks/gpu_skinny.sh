@@ -17,13 +17,13 @@ bench() {  # name, seconds, json, file, -k expression
   step "$1" "$2" python3 -m pytest -q -p no:cacheprovider "$4" --benchmark-only ${5:+-k "$5"} \
     --benchmark-json "$OUT/$3.json" > "$OUT/$1.log" 2>&1
 }
-step tests 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_skinny_gemm.py > "$OUT/kernel_tests.log" 2>&1
-step engine 120 python3 -m pytest -q -p no:cacheprovider tests/rollout/test_engine_gpu.py -k skinny \
+step tests 50 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_skinny_gemm.py > "$OUT/kernel_tests.log" 2>&1
+step engine 100 python3 -m pytest -q -p no:cacheprovider tests/rollout/test_engine_gpu.py -k skinny \
   > "$OUT/engine_tests.log" 2>&1
-bench kernel 90 skinny benchmarks/test_bench_skinny_gemm.py
-bench decode 170 decode benchmarks/test_bench_decode.py "K64 or B4-C128] or B16-C2048] or B16-C128] or B64-C128]"
+bench kernel 110 skinny benchmarks/test_bench_skinny_gemm.py
+bench decode 150 decode benchmarks/test_bench_decode.py "K64 or B4-C128] or B16-C2048] or B16-C128] or B64-C128]"
 bench official 130 rollout_official benchmarks/test_bench_rollout.py official
-bench shared 60 paged_shared benchmarks/test_bench_paged_attention.py \
+bench shared 50 paged_shared benchmarks/test_bench_paged_attention.py \
   "oreal_fast and (shared or B1024 or B256-L2048-tight or B64-L8192-tight)"
 cat "$OUT/steps.txt"
 tail -n 2 "$OUT"/*_tests.log 2>/dev/null
