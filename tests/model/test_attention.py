@@ -138,7 +138,9 @@ def test_cudnn_forward_and_backward_equal_sdpa_with_a_lone_token(monkeypatch):
         out.backward(grad)
         results.append((out, q.grad, k.grad, v.grad))
     lone = BOUNDS[LENS.index(1)]
-    assert results[1][1][lone].abs().max() == 0  # the sdpa reference: no gradient into a lone query
+    # the sdpa reference: no gradient into a lone query, up to float64 round-off (torch 2.13's CPU
+    # math kernel leaves ~1e-16 there: softmax's backward of one key is p (dp - p dp), not a zero)
+    assert results[1][1][lone].abs().max() <= 1e-12
     for got, want in zip(*results):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
