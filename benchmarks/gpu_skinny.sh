@@ -4,7 +4,7 @@
 # cuBLAS (benchmarks/test_bench_skinny_gemm.py), the decode step with the path on (`-K64` cases)
 # beside the default, and the official-shape rollout at the defaults (its engine stats split the
 # time by live batch); then decode attention with a shared prompt beside the same shape unshared.
-#   OUT=results_dir bash benchmarks/gpu_skinny.sh [tests] [engine] [kernel] [decode] [official] [shared]
+#   OUT=results_dir bash benchmarks/gpu_skinny.sh [tests] [kernel] [decode] [engine] [shared] [official]
 # SKINNY_K: a -k expression for the projections' benchmark (default: every case).
 # Writes under $OUT: env.txt, steps.txt, *_tests.log, skinny.json, decode.json, rollout_official.json,
 # paged_shared.json, and the logs of each step. A failed or slow step does not stop the next one.
@@ -12,20 +12,20 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results/gpu_skinny}
 export OUT PYTHONPATH=.:benchmarks${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-STEPS=" ${*:-tests engine kernel decode official shared} "
+STEPS=" ${*:-tests kernel decode engine shared official} "
 . benchmarks/gpu_steps.sh
 bench() {  # name, seconds, json, file, -k expression
   step "$1" "$2" python3 -m pytest -q -p no:cacheprovider "$4" --benchmark-only ${5:+-k "$5"} \
     --benchmark-json "$OUT/$3.json" > "$OUT/$1.log" 2>&1
 }
 step tests 50 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_skinny_gemm.py > "$OUT/kernel_tests.log" 2>&1
-step engine 100 python3 -m pytest -q -p no:cacheprovider tests/rollout/test_engine_gpu.py -k skinny \
-  > "$OUT/engine_tests.log" 2>&1
 bench kernel 110 skinny benchmarks/test_bench_skinny_gemm.py "${SKINNY_K:-}"
 bench decode 150 decode benchmarks/test_bench_decode.py "K64 or B4-C128] or B16-C2048] or B16-C128] or B64-C128]"
-bench official 130 rollout_official benchmarks/test_bench_rollout.py official
+step engine 100 python3 -m pytest -q -p no:cacheprovider tests/rollout/test_engine_gpu.py -k skinny \
+  > "$OUT/engine_tests.log" 2>&1
 bench shared 50 paged_shared benchmarks/test_bench_paged_attention.py \
   "oreal_fast and (shared or B1024 or B256-L2048-tight or B64-L8192-tight)"
+bench official 130 rollout_official benchmarks/test_bench_rollout.py official
 cat "$OUT/steps.txt"
 tail -n 2 "$OUT"/*_tests.log 2>/dev/null
 python3 - "$OUT" <<'PY'
