@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The skinny-GEMM layers on one GPU, in under 8 minutes on an H100/H200 (the steps' limits): the
-# kernel's bf16 parity tests, the engine's GPU tests on the skinny path, the four projections against
-# cuBLAS (benchmarks/test_bench_skinny_gemm.py), the decode step with the path on (`-K64` cases)
-# beside the default, and the official-shape rollout at the defaults (its engine stats split the
-# time by live batch); then decode attention with a shared prompt beside the same shape unshared.
+# The skinny-GEMM layers on one GPU, in under 10 minutes on an H100/H200 (the steps' limits): the
+# kernel's bf16 parity tests, the four projections against cuBLAS (benchmarks/test_bench_skinny_gemm.py),
+# the decode step with the path off (`-K0` cases) and on (the defaults; `-K64` at 64 rows), the
+# engine's GPU tests on the skinny path, decode attention with a shared prompt beside the same shape
+# unshared, and the official-shape rollout at the defaults (its engine stats split the time by live batch).
 #   OUT=results_dir bash benchmarks/gpu_skinny.sh [tests] [kernel] [decode] [engine] [shared] [official]
 # SKINNY_K: a -k expression for the projections' benchmark (default: every case).
 # Writes under $OUT: env.txt, steps.txt, *_tests.log, skinny.json, decode.json, rollout_official.json,
@@ -20,7 +20,7 @@ bench() {  # name, seconds, json, file, -k expression
 }
 step tests 50 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_skinny_gemm.py > "$OUT/kernel_tests.log" 2>&1
 bench kernel 110 skinny benchmarks/test_bench_skinny_gemm.py "${SKINNY_K:-}"
-bench decode 150 decode benchmarks/test_bench_decode.py "K64 or B4-C128] or B16-C2048] or B16-C128] or B64-C128]"
+bench decode 150 decode benchmarks/test_bench_decode.py "K0 or K64 or B4-C128] or B16-C2048] or B16-C128] or B64-C128]"
 step engine 100 python3 -m pytest -q -p no:cacheprovider tests/rollout/test_engine_gpu.py -k skinny \
   > "$OUT/engine_tests.log" 2>&1
 bench shared 50 paged_shared benchmarks/test_bench_paged_attention.py \

@@ -8,9 +8,10 @@ at 1, 4 and 16 @128 with the few-token GEMV layers on (`gemv_max_tokens` 16); `-
 (the default GEMV threshold) and 4@128 (`-G16`) with those layers' kernels launched plainly, not with
 programmatic dependent launch (`gemv_pdl`, the default on Hopper and later); `-noO` cases at 1, 16 and
 256 @128 with each decode round read before the next is planned (`overlap_rounds` off; the default
-launches the next round first); `-K64` cases at 4, 16, 64 @128 and 16 @2048 with the skinny-GEMM
-layers for up to 64 tokens (`skinny_max_tokens` 64), beside the default cases 4 @128 and 16 @2048
-(the grid's others). A case that sets an
+launches the next round first); `-K0` cases at 4 and 16 @128 and 16 @2048 with the skinny-GEMM
+layers off (`skinny_max_tokens` 0: cuBLAS's layers at those rows), beside the default cases 4 @128
+and 16 @2048 (16 @128 is the grid's); a `-K64` case at 64 @128 with them on up to 64 rows. A case
+that sets an
 `EngineConfig` key runs only where the engine has that key, so the file also runs against engines
 from before it. Each of
 the `batch` rows has its own random prompt of `context` tokens (no shared prefix: every step reads
@@ -81,7 +82,8 @@ CASES = ([case(b, c) for b, c in GRID]
          + [case(b, 128, "-G16", gemv_max_tokens=16) for b in (1, 4, 16)]
          + [case(1, 128, "-noP", gemv_pdl=False), case(4, 128, "-G16-noP", gemv_max_tokens=16, gemv_pdl=False)]
          + [case(b, 128, "-noO", overlap_rounds=False) for b in (1, 16, 256)]
-         + [case(b, c, "-K64", skinny_max_tokens=64) for b, c in ((4, 128), (16, 128), (64, 128), (16, 2048))]
+         + [case(b, c, "-K0", skinny_max_tokens=0) for b, c in ((4, 128), (16, 128), (16, 2048))]
+         + [case(64, 128, "-K64", skinny_max_tokens=64)]
          + [case(b, c) for b, c in ((4, 128), (16, 2048))])
 
 

@@ -60,7 +60,8 @@ def prompts():
 
 
 # the engine's few-token thresholds, and the path they put every decode bucket of these 8 prompts on
-LAYERS = {"plain_layers": ({"gemv_max_tokens": 0}, "plain"), "gemv_layers": ({"gemv_max_tokens": 16}, "gemv"),
+LAYERS = {"plain_layers": ({"gemv_max_tokens": 0, "skinny_max_tokens": 0}, "plain"),
+          "gemv_layers": ({"gemv_max_tokens": 16}, "gemv"),
           "skinny_layers": ({"gemv_max_tokens": 0, "skinny_max_tokens": 16}, "skinny")}
 
 
@@ -136,15 +137,13 @@ def test_cuda_graph_decode_equals_eager_decode(model, prompts, block_size, do_sa
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not pdl_available(torch.device("cuda")),
                     reason="programmatic dependent launch needs compute capability >= 9")
-@pytest.mark.parametrize("few_token", [LAYERS["gemv_layers"][0], LAYERS["skinny_layers"][0]],
-                         ids=["gemv_layers", "skinny_layers"])
-def test_programmatic_dependent_launch_changes_no_token(model, prompts, few_token):
-    """The few-token layers with `gemv_pdl` run the same instructions on the same data, only launched
+def test_programmatic_dependent_launch_changes_no_token(model, prompts):
+    """The GEMV layers with `gemv_pdl` run the same instructions on the same data, only launched
     earlier: sampled (top-p 0.9) in rounds of 8 from CUDA graphs, every token and log-prob equal."""
     params = SamplingParams(max_new_tokens=NEW, max_length=MAX_LEN, top_p=0.9)
     runs = []
     for pdl in (False, True):
-        engine = make_engine(model, decode_steps_per_round=8, gemv_pdl=pdl, **few_token)
+        engine = make_engine(model, decode_steps_per_round=8, gemv_max_tokens=16, gemv_pdl=pdl)
         assert engine.runner.model.gemv_pdl is pdl
         runs.append((engine.generate(prompts, params, torch.Generator("cuda").manual_seed(5)),
                      engine.response_logprobs()))

@@ -132,3 +132,14 @@ def test_prefill_then_decode_gives_the_decoders_logits(name, impl, gemv_max_toke
 def _assert_close(got, ref):
     assert got.shape == ref.shape
     assert (got - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
+def test_only_the_gemv_layers_launch_with_programmatic_dependent_launch():
+    """`gemv_pdl` launches the GEMV path's kernels (and the decode attention between them) with PDL;
+    the skinny path's and the plain path's launch plainly."""
+    copy = InferenceModel(CONFIGS["qwen2"], device="cpu", dtype=torch.float32, impl="triton", gemv_max_tokens=1,
+                          skinny_max_tokens=16, gemv_pdl=True)
+    assert [copy.layer_path(t) for t in (1, 2, 16, 17)] == ["gemv", "skinny", "skinny", "plain"]
+    assert [copy.launches_with_pdl(t) for t in (1, 2, 16, 17)] == [True, False, False, False]
+    assert not InferenceModel(CONFIGS["qwen2"], device="cpu", dtype=torch.float32, impl="triton",
+                              gemv_max_tokens=1).launches_with_pdl(1)

@@ -111,10 +111,12 @@ class EngineConfig:
     gemv_max_tokens: int = 1
     # forwards of more tokens than that and at most this many run the skinny-GEMM layers (CUDA):
     # tensor-core GEMMs with SwiGLU and the split-K sums fused, 7 kernels a layer besides attention
-    # where cuBLAS's layer runs 9 to 11 (`InferenceModel`); 0: never
-    skinny_max_tokens: int = 0
-    # the few-token layers' kernels (GEMV and skinny), and the decode attention's between them, launch
-    # with programmatic dependent launch: each starts while the kernel before it finishes. None: where the
+    # where cuBLAS's layer runs 9 to 11 (`InferenceModel`). On an H100 the decode step took 1.06 ms
+    # against 1.12-1.14 at 4 rows @128, 1.09 against 1.19-1.20 at 16 @128, 1.45 against 1.54-1.57 at
+    # 16 @2048; its gate|up GEMM loses to cuBLAS's from 32 rows on (benchmarks/RESULTS.md); 0: never
+    skinny_max_tokens: int = 16
+    # the GEMV layers' kernels, and the decode attention's between them, launch with programmatic
+    # dependent launch: each loads its weights while the kernel before it finishes. None: where the
     # device has it (Hopper and later; on an H100 the batch-1 step took 0.793 GPU ms with it, 0.862
     # without, same tokens: benchmarks/RESULTS.md); True: required; False: off
     gemv_pdl: bool | None = None

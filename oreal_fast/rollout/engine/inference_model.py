@@ -51,9 +51,10 @@ the attention, where the cuBLAS layer above runs 9 to 11:
     x    = skinny_linear(a, Wdown, splits=DOWN_SPLITS)
 
 ending as the GEMV path ends. A decode CUDA graph's batch bucket fixes its T, so each graph takes
-one path. With `gemv_pdl` the kernels of both few-token paths launch with programmatic dependent
-launch (Hopper and later): each starts while the kernel before it finishes (the GEMV kernels load
-their weights meanwhile; the model runner launches the decode attention between them the same way).
+one path. With `gemv_pdl` the GEMV path's kernels launch with programmatic dependent launch (Hopper
+and later): each loads its weights while the kernel before it finishes (the model runner launches
+the decode attention between them the same way). The skinny path's kernels stream their weights
+after the wait, so launched that way they only hold multiprocessors early: plain launches there.
 
 Not here: training (no autograd; the trained model is the Decoder), the KV pool and attention
 (`model_runner`), sampling. Kernels run as Triton on CUDA (`impl="triton"`) and as their eager
@@ -186,8 +187,8 @@ class InferenceModel(nn.Module):
             GEMV layers (module docstring); 0 (this class's default) never does.
         skinny_max_tokens: with impl "triton", forwards of more than gemv_max_tokens and at most this
             many tokens run the skinny-GEMM layers (module docstring); 0 (the default) never does.
-        gemv_pdl: the kernels of both few-token paths launch with programmatic dependent launch (a
-            CUDA device of compute capability >= 9: `kernels.common.pdl_available`).
+        gemv_pdl: the GEMV layers' kernels launch with programmatic dependent launch (a CUDA device
+            of compute capability >= 9: `kernels.common.pdl_available`); the skinny layers' never do.
     """
 
     def __init__(self, config: DecoderConfig, *, device: torch.device | str, dtype: torch.dtype, impl: str,
@@ -225,10 +226,11 @@ class InferenceModel(nn.Module):
         rope, eps = self.rope_table(), self.config.rms_norm_eps
         path = self.layer_path(x.shape[0])
         if path != "plain":
+            pdl = self.launches_with_pdl(x.shape[0])
             for layer in self.layers:
                 forward = layer.forward_gemv if path == "gemv" else layer.forward_skinny
-                x, residual = forward(x, residual, positions, rope, cache, pdl=self.gemv_pdl)
-            hidden, _ = add_rms_norm_partials(x, residual, self.norm, eps, pdl=self.gemv_pdl)
+                x, residual = forward(x, residual, positions, rope, cache, pdl=pdl)
+            hidden, _ = add_rms_norm_partials(x, residual, self.norm, eps, pdl=pdl)
         else:
             for layer in self.layers:
                 x, residual = layer(x, residual, positions, rope, cache)
@@ -243,6 +245,12 @@ class InferenceModel(nn.Module):
         if num_tokens <= self.gemv_max_tokens:
             return "gemv"
         return "skinny" if num_tokens <= self.skinny_max_tokens else "plain"
+
+    def launches_with_pdl(self, num_tokens: int) -> bool:
+        """A forward of ``num_tokens`` launches its kernels with programmatic dependent launch: the
+        GEMV layers with `gemv_pdl`, never the skinny ones (on an H100 their decode step at 16 rows
+        took 1.36 GPU ms with it, 1.10 without: benchmarks/RESULTS.md)."""
+        return self.gemv_pdl and self.layer_path(num_tokens) == "gemv"
 
     def rope_table(self) -> torch.Tensor:
         """`decoder.rope_table(config)` on the weights' device, computed once: [P, 2, head_dim] fp32."""

@@ -151,7 +151,7 @@ class DecodeCache:
     def __init__(self, kv: torch.Tensor, slots: torch.Tensor, block_tables: torch.Tensor,
                  context_lens: torch.Tensor, impl: str, pdl: bool = False):
         self.kv, self.slots, self.block_tables, self.context_lens, self.impl = kv, slots, block_tables, context_lens, impl
-        self.pdl = pdl  # the kernels launch with programmatic dependent launch (the few-token layers' steps)
+        self.pdl = pdl  # the kernels launch with programmatic dependent launch (the GEMV layers' steps)
 
     def kv_pool(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.kv[layer, 0], self.kv[layer, 1], self.slots
@@ -198,7 +198,7 @@ class ModelRunner:
             the weight copy's few-token GEMV layers on CUDA (`InferenceModel`); 0 never does.
         skinny_max_tokens: forwards of more tokens than that and at most this many run its
             skinny-GEMM layers on CUDA (`InferenceModel`); 0 never does.
-        gemv_pdl: the kernels of both paths launch with programmatic dependent launch; None: where
+        gemv_pdl: the GEMV layers' kernels launch with programmatic dependent launch; None: where
             the device has it (`kernels.common.pdl_available`).
     """
 
@@ -527,8 +527,8 @@ class ModelRunner:
         # a done row's slot: slot 0 of the null block, which nothing reads; and the step's uniforms for the tail
         decode_slots(pos, tables, self.done[:b], self.block_size, self.step, self.uniform[:, :b], slots, context,
                      self.step_uniform[:b], impl=self.row_state_impl)
-        # the attention kernels launch as the few-token layers around them do
-        pdl = self.model.gemv_pdl and self.model.layer_path(b) != "plain"
+        # the attention kernels launch as the layers around them do
+        pdl = self.model.launches_with_pdl(b)
         cache = DecodeCache(self.kv, slots, tables, context, self.attn_impl, pdl=pdl)
         out = self.logits[:b]
 
