@@ -164,16 +164,16 @@ class Layer(nn.Module):
         return linear_partials(act, mlp.down.weight, pdl=pdl), residual
 
     def forward_skinny(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
-                       rope: torch.Tensor, cache: PagedCache, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """`forward` as tensor-core skinny GEMMs (module docstring), with the same inputs and outputs
-        as `forward_gemv`."""
+                       rope: torch.Tensor, cache: PagedCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` as tensor-core skinny GEMMs, launched plainly (module docstring), with the same
+        inputs and outputs as `forward_gemv`."""
         attn, mlp = self.attn, self.mlp
-        h, residual = add_rms_norm_partials(x, residual, self.attn_norm, self.eps, pdl=pdl)
-        out = cache.attend(attn.layer, skinny_linear(h, attn.qkv.weight, attn.qkv.bias, pdl=pdl), positions, rope)
-        x = skinny_linear(out.flatten(1), attn.o.weight, attn.o.bias, splits=O_SPLITS, pdl=pdl)  # (S, T, H) fp32
-        h, residual = add_rms_norm_partials(x, residual, self.mlp_norm, self.eps, pdl=pdl)
-        act = skinny_linear(h, mlp.gate_up.weight, mlp.gate_up.bias, swiglu=True, pdl=pdl)  # (T, I)
-        return skinny_linear(act, mlp.down.weight, splits=DOWN_SPLITS, pdl=pdl), residual
+        h, residual = add_rms_norm_partials(x, residual, self.attn_norm, self.eps)
+        out = cache.attend(attn.layer, skinny_linear(h, attn.qkv.weight, attn.qkv.bias), positions, rope)
+        x = skinny_linear(out.flatten(1), attn.o.weight, attn.o.bias, splits=O_SPLITS)  # (S, T, H) fp32
+        h, residual = add_rms_norm_partials(x, residual, self.mlp_norm, self.eps)
+        act = skinny_linear(h, mlp.gate_up.weight, mlp.gate_up.bias, swiglu=True)  # (T, I)
+        return skinny_linear(act, mlp.down.weight, splits=DOWN_SPLITS), residual
 
 
 class InferenceModel(nn.Module):
@@ -228,8 +228,10 @@ class InferenceModel(nn.Module):
         if path != "plain":
             pdl = self.launches_with_pdl(x.shape[0])
             for layer in self.layers:
-                forward = layer.forward_gemv if path == "gemv" else layer.forward_skinny
-                x, residual = forward(x, residual, positions, rope, cache, pdl=pdl)
+                if path == "gemv":
+                    x, residual = layer.forward_gemv(x, residual, positions, rope, cache, pdl=pdl)
+                else:
+                    x, residual = layer.forward_skinny(x, residual, positions, rope, cache)
             hidden, _ = add_rms_norm_partials(x, residual, self.norm, eps, pdl=pdl)
         else:
             for layer in self.layers:
