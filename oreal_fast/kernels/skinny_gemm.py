@@ -25,7 +25,7 @@ So a layer at T tokens runs
     a      = skinny_linear(h, W_gate_up, swiglu=True)
     P_down = skinny_linear(a, W_down, splits=S_down)
 
-seven kernels besides attention, where the cuBLAS path runs nine to eleven (two add_rms_norm,
+seven kernels besides attention, where the cuBLAS path runs eight to ten (two add_rms_norm,
 rope_write_kv, silu_mul, four GEMMs and cuBLAS's split-K reductions of the o and down GEMMs).
 
 Why a kernel of our own at a few dozen tokens: the weights' bytes bound the time (29.7 MB a layer at

@@ -111,7 +111,7 @@ class EngineConfig:
     gemv_max_tokens: int = 1
     # forwards of more tokens than that and at most this many run the skinny-GEMM layers (CUDA):
     # tensor-core GEMMs with SwiGLU and the split-K sums fused, 7 kernels a layer besides attention
-    # where cuBLAS's layer runs 9 to 11 (`InferenceModel`). On an H100 the decode step took 1.06 ms
+    # where cuBLAS's layer runs 8 to 10 (`InferenceModel`). On an H100 the decode step took 1.06 ms
     # against 1.12-1.14 at 4 rows @128, 1.09 against 1.19-1.20 at 16 @128, 1.45 against 1.54-1.57 at
     # 16 @2048; its gate|up GEMM loses to cuBLAS's from 32 rows on (benchmarks/RESULTS.md); 0: never
     skinny_max_tokens: int = 16

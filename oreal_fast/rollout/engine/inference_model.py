@@ -40,7 +40,8 @@ A few dozen tokens (`gemv_max_tokens` < T <= `skinny_max_tokens`, Triton only): 
 CUDA-core products re-read the activations per program, so past a few tokens the layer runs as
 tensor-core skinny GEMMs (`oreal_fast.kernels.skinny_gemm`) with SwiGLU in the gate|up epilogue
 and the o and down projections as fp32 partial sums that the next norm adds: 7 kernels besides
-the attention, where the cuBLAS layer above runs 9 to 11:
+the attention, where the cuBLAS layer above runs 8 to 10 (a decode step at 16 rows: 202 kernels,
+not 250):
 
     h, r = add_rms_norm_partials(x, r, attn_norm)         # x: the last down's partials
     qkv  = skinny_linear(h, Wqkv, bqkv)
