@@ -1,5 +1,6 @@
-"""Tensor-core GEMMs for a few dozen tokens (decode steps at a mid-size live batch), with SwiGLU in
-the gate|up epilogue and the o and down projections left as fp32 partial sums over splits of K.
+"""Tensor-core GEMMs for at most a few dozen tokens (decode steps at a small live batch), with
+SwiGLU in the gate|up epilogue and the o and down projections left as fp32 partial sums over
+splits of K.
 
 The math, as the eager twin computes it (`skinny_linear_eager`):
 
@@ -9,8 +10,8 @@ The math, as the eager twin computes it (`skinny_linear_eager`):
         if swiglu:                                              # W = [W_gate; W_up]: [2 N, K]
             g, u = F.linear(x, W, b).chunk(2, dim=-1)           # each rounded as the GEMM rounds it
             return silu_mul(g, u)                               # [T, N], silu rounded, then the product
-        P[s] = x[:, s c:(s + 1) c].float() @ W[:, s c:(s + 1) c].float().T    # c = cdiv(K, splits),
-        P[0] += b                                                            # a multiple of BLOCK_K
+        P[s] = x[:, s c:(s + 1) c].float() @ W[:, s c:(s + 1) c].float().T    # c = cdiv(K, splits)
+        P[0] += b                                                  # rounded up to whole BLOCK_K tiles
         return P                                                # [splits, T, N'] fp32
 
 Partial sums are what `decode_gemv.add_rms_norm_partials` takes: it adds them in a fixed order and
@@ -45,10 +46,10 @@ from L2 (T K elements), writes T N' (half with SwiGLU; fp32 with splits). FLOPs 
 tensor cores (bf16/fp16 inputs, fp32 accumulators; fp32 inputs use a true fp32 dot).
 Workspace: none besides the output.
 
-Limits: forward only, no autograd; x, W and b share one dtype and device; T, K, N' >= 1. The token
-tile is at most 64 rows (`_MAX_TOKEN_TILE`), so larger T loops over tiles and re-reads W from L2:
-the kernel is for T up to a few dozen (the caller's threshold, `InferenceModel(skinny_max_tokens)`;
-on an H100 the gate|up kernel loses to cuBLAS's from 32 rows).
+Limits: forward only, no autograd; x, W and b share one dtype and device; K, N' >= 1 (T may be
+0). The token tile is at most 64 rows (`_MAX_TOKEN_TILE`), so larger T loops over tiles and
+re-reads W from L2: the kernel is for T up to a few dozen (the caller's threshold,
+`InferenceModel(skinny_max_tokens)`; on an H100 the gate|up kernel loses to cuBLAS's from 32 rows).
 On CPU the Triton path runs only under TRITON_INTERPRET=1, in fp32.
 """
 
