@@ -24,7 +24,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import gpu_timing
+from test_bench_paged_attention import copy_gb_per_s, graph_of  # noqa: F401 (copy_gb_per_s: a fixture)
+
 from oreal_fast.kernels.common import pdl_available
 from oreal_fast.kernels import skinny_gemm
 from oreal_fast.kernels.skinny_gemm import skinny_linear
@@ -37,11 +38,6 @@ PROJECTIONS = {"qkv": (QKV, H, True, False, 1), "o": (H, H, False, False, 2),
 TOKENS = (2, 4, 8, 16, 32, 64, 128)
 PROVIDERS = ("cublas", "oreal_fast", "oreal_fast_pdl", "oreal_fast_k64", "oreal_fast_k256")
 CALLS = 20
-
-
-@pytest.fixture(scope="session")
-def copy_gb_per_s() -> float:
-    return gpu_timing.copy_gb_per_s()
 
 
 def _call(provider: str, projection: str, T: int):
@@ -78,12 +74,7 @@ def test_skinny_linear(benchmark, copy_gb_per_s, projection, T, provider):
         pytest.skip("programmatic dependent launch needs compute capability >= 9")
     fn = _call(provider, projection, T)
     with _block_k(provider):
-        fn()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(CALLS):
-                fn()
+        graph = graph_of(fn, CALLS)
 
     def step():
         graph.replay()

@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from oreal_fast.kernels import skinny_gemm
 from oreal_fast.kernels.common import pdl_available
 from oreal_fast.kernels.skinny_gemm import skinny_linear, skinny_linear_eager
 from oreal_fast.kernels.trunk_inference import silu_mul_eager
@@ -86,7 +87,7 @@ def _assert_swiglu(x, weight, bias, got):
 
 def _assert_partials(x, weight, bias, splits, got):
     ref = skinny_linear_eager(x, weight, bias, splits=splits)
-    block_k = 16 if x.device.type == "cpu" else 128  # the K tile: a split holds whole tiles
+    block_k = skinny_gemm._tiles(x.device).block_k  # the K tile: a split holds whole tiles
     c = -(-(-(-x.shape[1] // splits)) // block_k) * block_k
     assert got.dtype == torch.float32 and got.shape == (-(-x.shape[1] // c), x.shape[0], weight.shape[0])
     assert ref.shape == got.shape
