@@ -32,6 +32,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tolerances import activation_dtype as _dtype
+from tolerances import assert_few_differ as _assert_few_differ
+from tolerances import assert_within as _assert_within
+from tolerances import low_eps as _low_eps
+from tolerances import rounded_once as _rounded_once
+
 from oreal_fast.kernels import decode_gemv
 from oreal_fast.kernels.common import pdl_available
 from oreal_fast.kernels.decode_gemv import (add_rms_norm_partials, add_rms_norm_partials_eager, linear_partials,
@@ -47,41 +53,6 @@ EPS32 = torch.finfo(torch.float32).eps
 EPS = 1e-6
 SPLIT = 32  # small splits on small shapes: three or four partials
 pytestmark = pytest.mark.usefixtures("fp32_gemm_sums")  # the twins' GEMMs sum in fp32, as the kernels do
-
-
-def _dtype(device):
-    return torch.float32 if device == "cpu" else torch.bfloat16
-
-
-def _low_eps(dtype):
-    """One ulp of the activation dtype, relative; 0 in fp32 (its roundings are the sums' own)."""
-    return 0.0 if dtype == torch.float32 else torch.finfo(dtype).eps
-
-
-def _assert_within(got, ref, bound, rounded_once=None, count_flips=True):
-    """|got - ref| within bound; in bf16 (with count_flips) also few outputs unequal to
-    `rounded_once` (default ref)."""
-    assert got.shape == ref.shape and got.dtype == ref.dtype
-    err = (got.double() - ref.double()).abs()
-    worst = int((err - bound.double()).flatten().argmax())
-    assert (err <= bound.double()).all(), (f"worst at flat index {worst}: got {got.flatten()[worst].item()}, "
-                                           f"twin {ref.flatten()[worst].item()}, bound {bound.flatten()[worst].item()}")
-    if got.dtype != torch.float32 and count_flips:
-        _assert_few_differ(got, ref if rounded_once is None else rounded_once)
-
-
-def _assert_few_differ(got, ref, share=0.02):
-    """Rounding flips are rare (about 1e-4 of the outputs): `share` of them and 2 more; a moved or
-    missed rounding point changes about half."""
-    differ = int((got != ref).sum())
-    assert differ <= share * got.numel() + 2, f"{differ} of {got.numel()} outputs differ: more than flips explain"
-
-
-def _rounded_once(h, weight, bias, dtype):
-    """F.linear(h, weight, bias) summed in fp32 and rounded once to dtype, bias included: the
-    kernels' contract. The bf16 twin on the GPU may round the product before it adds the bias
-    (cuBLAS's one-row path does: a third to a half of the outputs then differ by one ulp)."""
-    return F.linear(h.float(), weight.float(), None if bias is None else bias.float()).to(dtype)
 
 
 def _sublayer_input(kind, T, H, dtype, device, g):

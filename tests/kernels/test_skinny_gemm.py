@@ -18,6 +18,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tolerances import activation_dtype as _dtype
+from tolerances import assert_within as _assert_within
+from tolerances import low_eps as _low_eps
+from tolerances import rounded_once as _rounded_once
+
 from oreal_fast.kernels import skinny_gemm
 from oreal_fast.kernels.common import pdl_available
 from oreal_fast.kernels.skinny_gemm import skinny_linear, skinny_linear_eager
@@ -25,14 +30,6 @@ from oreal_fast.kernels.trunk_inference import silu_mul_eager
 
 EPS32 = torch.finfo(torch.float32).eps
 pytestmark = pytest.mark.usefixtures("fp32_gemm_sums")  # the twin's GEMMs sum in fp32, as the kernel does
-
-
-def _dtype(device):
-    return torch.float32 if device == "cpu" else torch.bfloat16
-
-
-def _low_eps(dtype):
-    return 0.0 if dtype == torch.float32 else torch.finfo(dtype).eps
 
 
 def _case(device, T, K, rows, has_bias, seed):
@@ -49,22 +46,8 @@ def _terms(x, weight, bias):
     return terms + bias.float().abs() if bias is not None else terms
 
 
-def _rounded_once(x, weight, bias, dtype):
-    return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(dtype)
-
-
-def _assert_within(got, ref, bound, rounded_once=None):
-    assert got.shape == ref.shape and got.dtype == ref.dtype and got.is_contiguous()
-    err = (got.double() - ref.double()).abs()
-    worst = int((err - bound.double()).flatten().argmax())
-    assert (err <= bound.double()).all(), (f"worst at flat index {worst}: got {got.flatten()[worst].item()}, "
-                                           f"twin {ref.flatten()[worst].item()}, bound {bound.flatten()[worst].item()}")
-    if got.dtype != torch.float32 and rounded_once is not None:
-        differ = int((got != rounded_once).sum())
-        assert differ <= 0.02 * got.numel() + 2, f"{differ} of {got.numel()} outputs differ: more than flips explain"
-
-
 def _assert_linear(x, weight, bias, got):
+    assert got.is_contiguous()
     dtype = x.dtype
     ref = skinny_linear_eager(x, weight, bias)
     terms = _terms(x, weight, bias)
@@ -73,6 +56,7 @@ def _assert_linear(x, weight, bias, got):
 
 
 def _assert_swiglu(x, weight, bias, got):
+    assert got.is_contiguous()
     dtype = x.dtype
     ref = skinny_linear_eager(x, weight, bias, swiglu=True)
     (wg, wu), (bg, bu) = weight.chunk(2), (bias.chunk(2) if bias is not None else (None, None))
@@ -87,6 +71,7 @@ def _assert_swiglu(x, weight, bias, got):
 
 def _assert_partials(x, weight, bias, splits, got):
     ref = skinny_linear_eager(x, weight, bias, splits=splits)
+    assert got.is_contiguous()
     block_k = skinny_gemm._tiles(x.device).block_k  # the K tile: a split holds whole tiles
     c = -(-(-(-x.shape[1] // splits)) // block_k) * block_k
     assert got.dtype == torch.float32 and got.shape == (-(-x.shape[1] // c), x.shape[0], weight.shape[0])
