@@ -220,6 +220,123 @@ def test_bad_arguments_name_the_fault(change, match):
         paged_decode_attention(*args.values(), **kwargs)
 
 
+# ----------------------------------------------------------------------------- shared prefixes
+
+
+def _shared_inputs(layout, Hq, Hkv, D, block_size, device, dtype=torch.float32, max_group_rows=8, seed=0):
+    """Inputs whose rows come in groups sharing their first blocks, as forked samples of one prompt.
+
+    layout: (prefix_blocks, own_lengths) per group: len(own_lengths) rows whose contexts are the
+    group's prefix_blocks * block_size shared tokens (the same pool blocks, the same keys and
+    values) and then own_lengths[i] tokens of their own; prefix_blocks 0 makes each row one of no
+    group. The pool's other slots are NaN; table entries past a context point at block 0 (NaN)
+    or hold -1. Returns q, k_cache, v_cache, block_tables, context_lens, k_ref, v_ref (as
+    `_inputs`), the SharedPrefix and the context lengths as a list."""
+    g = torch.Generator().manual_seed(seed)
+    rows = [(p, n) for p, own in layout for n in own]
+    lens = [p * block_size + n for p, n in rows]
+    assert min(lens) >= 1, "every context holds a token at least"
+    B, max_blocks = len(rows), max(_cdiv(n, block_size) for n in lens) + 2
+    L = max_blocks * block_size
+    q = torch.randn(B, Hq, D, generator=g)
+    k_ref, v_ref = torch.randn(B, L, Hkv, D, generator=g), torch.randn(B, L, Hkv, D, generator=g)
+    num_blocks = 1 + sum(p for p, _ in layout) + sum(_cdiv(p * block_size + n, block_size) - p for p, n in rows)
+    ids = iter((1 + torch.randperm(num_blocks - 1, generator=g)).tolist())  # block 0 stays NaN
+    tables = torch.tensor([0, -1] * max_blocks, dtype=torch.int32)[:max_blocks].repeat(B, 1)
+    prefix_lens, group_rows = torch.zeros(B, dtype=torch.int32), torch.zeros(B, dtype=torch.int32)
+    b = 0
+    for p, own in layout:
+        shared_ids, n_shared = [next(ids) for _ in range(p)], p * block_size
+        group_rows[b] = len(own) if p else 0
+        for r in range(b, b + len(own)):
+            k_ref[r, :n_shared], v_ref[r, :n_shared] = k_ref[b, :n_shared], v_ref[b, :n_shared]
+            used = _cdiv(lens[r], block_size)
+            tables[r, :used] = torch.tensor(shared_ids + [next(ids) for _ in range(used - p)])
+            prefix_lens[r] = n_shared
+        b += len(own)
+    k_cache = torch.full((num_blocks, block_size, Hkv, D), NAN)
+    v_cache = torch.full_like(k_cache, NAN)
+    for r, n in enumerate(lens):
+        t = torch.arange(n)
+        slots = tables[r, t // block_size].long() * block_size + t % block_size
+        k_cache.view(-1, Hkv, D)[slots] = k_ref[r, :n]
+        v_cache.view(-1, Hkv, D)[slots] = v_ref[r, :n]
+    to = dict(device=device)
+    shared = pa.SharedPrefix(prefix_lens.to(**to), group_rows.to(**to), max_group_rows)
+    return (q.to(dtype=dtype, **to), k_cache.to(dtype=dtype, **to), v_cache.to(dtype=dtype, **to), tables.to(**to),
+            torch.tensor(lens, dtype=torch.int32, device=device), k_ref.to(dtype=dtype, **to),
+            v_ref.to(dtype=dtype, **to), shared, lens)
+
+
+# groups of 3 (a 2-block prefix), of 4 (one row's context is its prefix alone), of 1; rows of no group
+SHARED_LAYOUT = [(2, [5, 20, 1]), (0, [30]), (3, [0, 7, 16, 2]), (1, [9]), (0, [1, 40])]
+
+
+def _check_shared(layout, Hq, Hkv, D, block_size, impl, device, dtype=torch.float32, margin=2e-6,
+                  num_splits=None, max_group_rows=8, seed=0):
+    q, kc, vc, tables, ctx, k_ref, v_ref, shared, lens = _shared_inputs(
+        layout, Hq, Hkv, D, block_size, device, dtype, max_group_rows=max_group_rows, seed=seed)
+    out = paged_decode_attention(q, kc, vc, tables, ctx, impl=impl, num_splits=num_splits, shared=shared)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    s = D ** -0.5
+    _assert_no_worse(f"{impl} shared B{len(lens)} Hq{Hq} Hkv{Hkv} D{D} bs{block_size}", out,
+                     _truth(q, k_ref, v_ref, lens, s), _lowp_reference(q, k_ref, v_ref, lens, s), margin)
+
+
+@pytest.mark.parametrize("impl", ["triton", "eager"])
+@pytest.mark.parametrize("num_splits", [None, 1, 3])
+@pytest.mark.parametrize("block_size", [8, 16])
+@pytest.mark.parametrize("Hq,Hkv", HEADS, ids=[f"G{q // kv}" for q, kv in HEADS])
+def test_shared_prefix_matches_fp64(Hq, Hkv, block_size, num_splits, impl, device):
+    """Groups read their prefix once (the prefix kernel) and their own tokens per row, merged in
+    the one-split kernel or in the combining kernel; rows of no group as without `shared`."""
+    _check_shared(SHARED_LAYOUT, Hq, Hkv, 16, block_size, impl, device, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("num_splits", [None, 2])
+def test_shared_prefix_fills_the_dot_tile(num_splits, device):
+    """Groups of max_group_rows rows at G = 7: the prefix kernel's tile of 16 * 7 = 112 rows, padded
+    to 128; a group ending at the batch's last row."""
+    g = torch.Generator().manual_seed(7)
+    own = lambda n: torch.randint(1, 40, (n,), generator=g).tolist()  # noqa: E731
+    _check_shared([(3, own(16)), (0, own(2)), (2, own(16))], 14, 2, 16, 16, "triton", device,
+                  num_splits=num_splits, max_group_rows=16, seed=3)
+
+
+def test_shared_prefix_of_one_group_equals_the_plain_kernel(device):
+    """The same inputs with and without `shared` agree to fp32 round-off (the sums' order differs)."""
+    q, kc, vc, tables, ctx, *_, shared, _ = _shared_inputs([(4, [3, 50, 17])], 8, 2, 16, 16, device)
+    plain = paged_decode_attention(q, kc, vc, tables, ctx)
+    torch.testing.assert_close(paged_decode_attention(q, kc, vc, tables, ctx, shared=shared), plain,
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (lambda s, t: pa.SharedPrefix(s.prefix_lens.long(), s.group_rows, 8), "prefix_lens must be a contiguous"),
+        (lambda s, t: pa.SharedPrefix(s.prefix_lens, s.group_rows[:-1], 8), "group_rows must be a contiguous"),
+        (lambda s, t: pa.SharedPrefix(s.prefix_lens, s.group_rows, 65), "at most 256"),
+        (lambda s, t: pa.SharedPrefix(s.prefix_lens, s.group_rows, 2), r"group_rows\[0\] = 3 must be in"),
+        (lambda s, t: pa.SharedPrefix(s.prefix_lens + 1, s.group_rows, 8), "must be a multiple of the block size"),
+        (lambda s, t: pa.SharedPrefix(s.prefix_lens, torch.zeros_like(s.group_rows), 8), "exactly for rows in a group"),
+        (lambda s, t: pa.SharedPrefix(s.prefix_lens, s.group_rows.roll(1), 8), "row 3 of the group at row 1"),
+        (lambda s, t: pa.SharedPrefix(s.prefix_lens, s.group_rows + torch.tensor([0, 2, 0, 0], dtype=torch.int32),
+                                      8), "row 1 of the group at row 1 must be in no other group"),
+        (lambda s, t: t.__setitem__((1, 0), t[1, 0] + 1), "row 1 of the group at row 0 must"),
+    ],
+    ids=["lens_dtype", "rows_shape", "tile", "too_many_rows", "not_blocks", "no_group", "prefix_differs", "overlap",
+         "tables_differ"],
+)
+def test_bad_shared_prefixes_name_the_fault(change, match):
+    """Shapes on both paths; the groups' data by the eager twin on CPU (the kernels read it as given)."""
+    q, kc, vc, tables, ctx, *_, shared, _ = _shared_inputs([(2, [5, 20, 1]), (0, [30])], 8, 2, 16, 8, "cpu")
+    changed = change(shared, tables)
+    shared = changed if changed is not None else shared
+    with pytest.raises(ValueError, match=match):
+        paged_decode_attention_eager(q, kc, vc, tables, ctx, shared=shared)
+
+
 # GPU: bf16 at real shapes. The margin is about a fifth of bf16's rounding of one output (2^-9).
 BF16_MARGIN = 4e-4
 REAL_HEADS = [(14, 2, 64), (28, 4, 128), (8, 8, 64)]  # Qwen2.5-0.5B, Qwen2.5-7B, no GQA
@@ -285,4 +402,44 @@ def test_cuda_graph_replay_reads_inputs_on_device():
     graph.replay()
     torch.cuda.synchronize()
     _assert_no_worse("graph replay", out, _truth(q, k_ref, v_ref, lens, 0.125),
+                     _lowp_reference(q, k_ref, v_ref, lens, 0.125), BF16_MARGIN)
+
+
+@needs_cuda
+@pytest.mark.parametrize("num_splits", [None, 1, 4])
+@pytest.mark.parametrize("Hq,Hkv,D", REAL_HEADS[:2], ids=[f"Hq{q}-Hkv{kv}-D{d}" for q, kv, d in REAL_HEADS[:2]])
+def test_bf16_shared_prefix_matches_fp64(Hq, Hkv, D, num_splits, poison_cuda_allocator):
+    """As the engine runs the official rollout: groups of 16 samples sharing a 37-block (592-token)
+    prompt, a group of 5 whose others stopped, rows of no group (recomputed after preemption)."""
+    g = torch.Generator().manual_seed(5)
+    own = lambda n, hi: torch.randint(1, hi, (n,), generator=g).tolist()  # noqa: E731
+    layout = [(37, own(16, 2000)), (0, own(3, 3000)), (37, own(16, 300)), (37, own(5, 9000)), (0, [1])]
+    q, kc, vc, tables, ctx, k_ref, v_ref, shared, lens = _shared_inputs(
+        layout, Hq, Hkv, D, 16, "cuda", torch.bfloat16, max_group_rows=16)
+    poison_cuda_allocator()
+    out = paged_decode_attention(q, kc, vc, tables, ctx, num_splits=num_splits, shared=shared)
+    torch.cuda.synchronize()
+    s = D ** -0.5
+    _assert_no_worse(f"bf16 shared Hq{Hq} D{D} splits{num_splits}", out, _truth(q, k_ref, v_ref, lens, s),
+                     _lowp_reference(q, k_ref, v_ref, lens, s), BF16_MARGIN)
+
+
+@needs_cuda
+def test_shared_prefix_in_a_cuda_graph_reads_the_groups_on_device():
+    """Captured with no group (every row alone), replayed after the groups are copied in place."""
+    q, kc, vc, tables, ctx, k_ref, v_ref, shared, lens = _shared_inputs(
+        [(37, [5, 700, 40, 1200]), (0, [900])], 14, 2, 64, 16, "cuda", torch.bfloat16, max_group_rows=16)
+    real = shared.prefix_lens.clone(), shared.group_rows.clone()
+    paged_decode_attention(q, kc, vc, tables, ctx, shared=shared)  # compile outside the capture
+    torch.cuda.synchronize()
+    shared.prefix_lens.zero_()
+    shared.group_rows.zero_()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = paged_decode_attention(q, kc, vc, tables, ctx, shared=shared)
+    shared.prefix_lens.copy_(real[0])
+    shared.group_rows.copy_(real[1])
+    graph.replay()
+    torch.cuda.synchronize()
+    _assert_no_worse("shared graph replay", out, _truth(q, k_ref, v_ref, lens, 0.125),
                      _lowp_reference(q, k_ref, v_ref, lens, 0.125), BF16_MARGIN)
