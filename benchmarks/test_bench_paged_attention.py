@@ -16,6 +16,8 @@ already serves once per group (a kernel that reads it once per group on purpose 
 the difference between `gb` and `gb_unique`).
 Providers:
   oreal_fast  paged_decode_attention (the Triton kernels)
+  oreal_fast_shared  the same with `shared` (`SharedPrefix`: each group's prompt read once, by the
+              prefix kernel); `shared` cases only
   baseline    the same file of the oreal_fast under $BASELINE_ROOT (benchmarks/baseline.py; skipped
               without it)
   sdpa_dense  torch SDPA over a contiguous [B, L, Hkv, D] cache exactly L long (no paging, no
@@ -44,9 +46,10 @@ HQ, HKV, D, BLOCK = 14, 2, 64, 16
 WIDE_TABLE = 16384
 CASES = [(1, 128, "tight"), (16, 128, "tight"), (64, 128, "tight"), (256, 128, "tight"),
          (256, 2048, "tight"), (64, 8192, "tight"), (1, 128, "wide"), (256, 128, "wide"),
-         (256, 2048, "shared"), (64, 8192, "shared"), (1024, 1024, "tight"), (1024, 1024, "shared")]
+         (256, 2048, "shared"), (64, 8192, "shared"), (1024, 1024, "tight"), (1024, 1024, "shared"),
+         (16, 2048, "tight"), (16, 2048, "shared")]
 GROUP, SHARED_BLOCKS = 16, 37
-PROVIDERS = ("oreal_fast", "baseline", "sdpa_dense")
+PROVIDERS = ("oreal_fast", "oreal_fast_shared", "baseline", "sdpa_dense")
 CALLS = 20
 
 
@@ -98,6 +101,12 @@ def _call(provider: str, B: int, L: int, table_tokens: int, shared: int):
         return lambda: F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2),
                                                       enable_gqa=True)
     args = _paged(B, L, table_tokens, shared, g)
+    if provider == "oreal_fast_shared":
+        rows = torch.arange(B, dtype=torch.int32, device="cuda")
+        group_rows = torch.where(rows % GROUP == 0, (B - rows).clamp(max=GROUP), 0).int()
+        prefix = pa.SharedPrefix(torch.full((B,), shared * BLOCK, dtype=torch.int32, device="cuda"), group_rows,
+                                 GROUP)
+        return lambda: paged_decode_attention(*args, shared=prefix)
     if provider == "oreal_fast":
         fn = paged_decode_attention
     else:
@@ -110,6 +119,8 @@ def _call(provider: str, B: int, L: int, table_tokens: int, shared: int):
 def test_paged_decode_attention(benchmark, copy_gb_per_s, B, L, table, provider):
     if provider == "sdpa_dense" and table != "tight":
         pytest.skip("sdpa_dense has no block table: run once per shape")
+    if provider == "oreal_fast_shared" and table != "shared":
+        pytest.skip("oreal_fast_shared needs groups: `shared` cases only")
     table_tokens = WIDE_TABLE if table == "wide" else L
     shared = _shared_blocks(B, L, table)
     graph = graph_of(_call(provider, B, L, table_tokens, shared), CALLS)
@@ -127,7 +138,7 @@ def test_paged_decode_attention(benchmark, copy_gb_per_s, B, L, table, provider)
                                 gb_unique=2 * unique_tokens * HKV * D * 2 / 1e9,
                                 gb_per_s=gb_per_s, copy_gb_per_s=copy_gb_per_s,
                                 frac_of_copy=gb_per_s / copy_gb_per_s)
-    if provider == "oreal_fast":
+    if provider.startswith("oreal_fast"):
         benchmark.extra_info["num_splits"] = pa._num_splits(B, HKV, table_tokens, pa._TILES_CUDA,
                                                             torch.device("cuda"))
     graph.reset()  # frees its memory pool before the next case allocates
