@@ -14,6 +14,8 @@ token (every response runs to 256), one timed round after a warm-up:
                        at its drawn length; 20 GiB KV pool. The cap on the case's time is the
                        distribution: ~2.0 M new tokens, the longest response (the tail decoded at
                        a small batch) about 15.8 k tokens.
+  oreal_fast-official-shared  the same with `shared_prefix_attention` (each prompt's blocks read once
+                       per group of its samples in every decode step)
 extra_info: tokens_per_s (new tokens over the round's wall time), peak_gib (peak allocated device
 memory in the round, weights included), oreal_fast_path (the file of the oreal_fast this run
 imported: which tree a baseline run measured); for oreal_fast cases the engine's stats too.
@@ -35,7 +37,8 @@ PROMPT, NEW = 128, 256
 PARAMS = SamplingParams(max_new_tokens=NEW, max_length=PROMPT + NEW, top_p=0.9)
 BATCHES = {"hf_generate_static": (256,), "hf_generate_dynamic": (256,), "plain_sampler": (256,),
            "oreal_fast": (64, 256, 1024)}
-CASES = [f"{p}-B{b}" for p, bs in BATCHES.items() for b in bs] + ["oreal_fast-official"]
+OFFICIAL = {"oreal_fast-official": {}, "oreal_fast-official-shared": {"shared_prefix_attention": True}}
+CASES = [f"{p}-B{b}" for p, bs in BATCHES.items() for b in bs] + list(OFFICIAL)
 KV_BYTES_PER_TOKEN = 24 * 2 * 2 * 64 * 2
 
 
@@ -86,13 +89,14 @@ def _engine(ours, batch: int, holder: dict):
     return lambda: sum(map(len, engine.generate(prompts, PARAMS, torch.Generator("cuda").manual_seed(0))))
 
 
-def _official(ours, holder: dict):
+def _official(ours, holder: dict, **engine_config):
     max_len = 16384
     rng = np.random.default_rng(0)
     prompts = [p for p in _prompts(64, 600) for _ in range(16)]
     lengths = np.clip(rng.lognormal(np.log(1200), 1.0, size=len(prompts)), 1, max_len - 600).astype(int).tolist()
     params = SamplingParams(max_new_tokens=max_len - 600, max_length=max_len, top_p=0.9)
-    engine = PagedEngine(ours, EngineConfig(max_model_len=max_len, kv_cache_bytes=20 * 2**30, max_num_seqs=1024))
+    engine = PagedEngine(ours, EngineConfig(max_model_len=max_len, kv_cache_bytes=20 * 2**30, max_num_seqs=1024,
+                                            **engine_config))
     holder["engine"] = engine
     return lambda: sum(map(len, engine.generate(prompts, params, torch.Generator("cuda").manual_seed(0),
                                                 max_new_per_prompt=lengths)))
@@ -105,8 +109,8 @@ def test_generate(benchmark, models, case):
     torch.cuda.empty_cache()
     holder: dict = {}
     provider, _, size = case.rpartition("-")
-    if case == "oreal_fast-official":
-        run = _official(ours, holder)
+    if case in OFFICIAL:
+        run = _official(ours, holder, **OFFICIAL[case])
     else:
         batch = int(size[1:])
         run = {"hf_generate_static": lambda: _hf(hf, batch, "static"),

@@ -1,8 +1,10 @@
-"""Block ids and ref counts: allocation order, release, prefix forks with copy-on-write."""
+"""Block ids and ref counts: allocation order, release, prefix forks with copy-on-write; the groups of
+rows that share a prompt's blocks."""
 
+import numpy as np
 import pytest
 
-from oreal_fast.rollout.engine.block_manager import NULL_BLOCK, BlockManager
+from oreal_fast.rollout.engine.block_manager import NULL_BLOCK, BlockManager, shared_prefix_groups
 
 
 def test_allocate_hands_out_every_block_but_the_null_block_then_refuses():
@@ -61,3 +63,22 @@ def test_fork_of_a_whole_block_prompt_copies_nothing():
     for t in tables[1:]:
         bm.release(t)
     assert [bm.ref_counts[b] for b in table] == [1, 1]
+
+
+def test_shared_prefix_groups_are_runs_of_rows_whose_tables_begin_alike():
+    tables = [[1, 2, 3, 9], [1, 2, 3, 10], [1, 2, 4, 11],  # a run sharing 2 blocks (the third row shares less)
+              [5, 6],  # alone
+              [7, 12], [7, 13],  # a run sharing 1 block
+              [8, 14]]  # alone at the end
+    prefix_lens, group_rows = shared_prefix_groups(tables, 16, max_rows=8)
+    assert prefix_lens.tolist() == [32, 32, 32, 0, 16, 16, 0]
+    assert group_rows.tolist() == [3, 0, 0, 0, 2, 0, 0]
+    assert prefix_lens.dtype == group_rows.dtype == np.int32
+
+
+def test_shared_prefix_groups_cut_long_runs_and_leave_a_lone_row_out():
+    tables = [[1, 2, 3, 10 + r] for r in range(5)]  # 5 samples of one prompt, 3 shared blocks
+    prefix_lens, group_rows = shared_prefix_groups(tables, 4, max_rows=2)
+    assert group_rows.tolist() == [2, 0, 2, 0, 0]
+    assert prefix_lens.tolist() == [12, 12, 12, 12, 0]
+    assert [a.tolist() for a in shared_prefix_groups([], 4, max_rows=2)] == [[], []]

@@ -404,6 +404,39 @@ def test_overlapped_rounds_give_the_plain_samplers_tokens_through_stops_admissio
         assert_pool_empty(e)
 
 
+@pytest.mark.parametrize("steps_per_round", [1, 8])
+@pytest.mark.parametrize("static_shapes", [False, True], ids=["live_rows", "graph_shapes"])
+def test_shared_prefix_groups_follow_the_rows_through_stops_admissions_and_preemption(
+        models, static_shapes, steps_per_round):
+    """With `shared_prefix_attention` each round names the groups of rows sharing a prompt's blocks;
+    the eager attention checks every step's groups against the block tables on the device (the
+    same rows, prefix lengths and table entries: `SharedPrefix`), and the tokens stay the plain
+    sampler's through rows stopping inside rounds, rows waiting for rows and for blocks, and
+    preemption."""
+    _, ours = models
+    caps = [30, 9, 30, 30, 5, 30, 17, 30, 30]
+    expected = engine(ours).generate(PROMPTS, greedy(30), torch.Generator(), max_new_per_prompt=caps)
+    for blocks, max_num_seqs in ((400, 3), (400, 16), (18, 16)):
+        e = engine(ours, blocks=blocks, max_num_seqs=max_num_seqs, decode_steps_per_round=steps_per_round,
+                   shared_prefix_attention=True)
+        e.runner.static_shapes = static_shapes
+        groups, set_shared_prefix = [], e.runner.set_shared_prefix
+
+        def logged(prefix_lens, group_rows, set_shared_prefix=set_shared_prefix):
+            groups.append([(int(n), int(p)) for n, p in zip(group_rows, prefix_lens) if n])
+            set_shared_prefix(prefix_lens, group_rows)
+
+        e.runner.set_shared_prefix = logged
+        assert e.generate(PROMPTS, greedy(30), torch.Generator(), max_new_per_prompt=caps) == expected
+        # (rows, prefix tokens): prompt 0 (5 tokens) shares 1 block of 4, prompt 2 (9 tokens) 2 blocks
+        seen = {g for round_groups in groups for g in round_groups}
+        assert (3, 4) in seen and all(p in (4, 8) for _, p in seen)
+        assert any(p == 8 for _, p in seen)  # prompt 2's samples, all 4 or those left after stops
+        if blocks == 18:
+            assert e.stats()["preemptions"] > 0
+        assert_pool_empty(e)
+
+
 @pytest.mark.parametrize("overlap", [True, False])
 def test_a_row_stopped_in_an_unread_round_still_draws_in_the_next(models, overlap):
     """The documented stream with a stop token: row 1 stops inside the first round of 4 steps. Read

@@ -9,8 +9,9 @@ tie), and (b) everywhere be within TIE of the fp32 reference's best logit given 
 prefix. A real bug (wrong slot, block or position) picks tokens far below the best (gaps of order
 1 at this init), well above TIE. Graph and eager decode run the same kernels on the same shapes,
 so they must agree token for token, sampled runs, stops inside a decode round and preemption
-included. Both checks run three times: with the plain layers, and with every decode bucket on the
-few-token GEMV layers (`gemv_max_tokens`) or on the skinny-GEMM layers (`skinny_max_tokens`).
+included. Both checks run four times: with the plain layers, and with every decode bucket on the
+few-token GEMV layers (`gemv_max_tokens`) or on the skinny-GEMM layers (`skinny_max_tokens`),
+these with and without the shared-prefix attention (`shared_prefix_attention`).
 
 Log-probs: the engine (bf16 weight copy, bf16 logits, its fused kernels, the KV cache) against the
 trainer's actor holding the same weights (fp32 masters under bf16 autocast, Triton trunk ops, the
@@ -62,14 +63,17 @@ def prompts():
 # the engine's few-token thresholds, and the path they put every decode bucket of these 8 prompts on
 LAYERS = {"plain_layers": ({"gemv_max_tokens": 0, "skinny_max_tokens": 0}, "plain"),
           "gemv_layers": ({"gemv_max_tokens": 16}, "gemv"),
-          "skinny_layers": ({"gemv_max_tokens": 0, "skinny_max_tokens": 16}, "skinny")}
+          "skinny_layers": ({"gemv_max_tokens": 0, "skinny_max_tokens": 16}, "skinny"),
+          # the defaults' layers, and decode attention reading each prompt's shared blocks once per group
+          "shared_prefix": ({"shared_prefix_attention": True}, "skinny")}
 
 
 @pytest.fixture(params=list(LAYERS.values()), ids=list(LAYERS))
 def layers(request):
     """(EngineConfig overrides, layer path): every decode bucket of these 8 prompts on the plain
     layers, the GEMV layers (`decode_gemv`) or the skinny-GEMM layers (`skinny_gemm`), graphs
-    included; the prefills stay on the plain layers."""
+    included, the last with the shared-prefix attention too (two prompts' samples share blocks);
+    the prefills stay on the plain layers."""
     return request.param
 
 

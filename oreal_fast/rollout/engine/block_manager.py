@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from collections import deque
 
+import numpy as np
+
 NULL_BLOCK = 0
 
 
@@ -100,3 +102,43 @@ class BlockManager:
         tables = [table] + [table[:full] + ([fresh[i]] if partial else []) for i in range(n - 1)]
         copies = [(table[full], f) for f in fresh]
         return tables, copies
+
+
+def shared_prefix_groups(tables: list[list[int]], block_size: int, max_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Groups of consecutive rows whose block tables begin with the same blocks: the samples of one
+    prompt, which the prefix cache forked from one prefill, for decode attention to read their
+    shared blocks once per group (`kernels.paged_attention.SharedPrefix`).
+
+    A group is a run of 2 to `max_rows` rows whose tables agree on at least their first block; its
+    prefix is the blocks all of them share. Those blocks are held by every table of the group, so
+    their count is above 1 and they are never written (the fork copies a prompt's partial block):
+    full, in every row's context, and fixed for as long as the rows run.
+
+    Args:
+        tables: each row's block table, in row order.
+        block_size: token slots per block.
+        max_rows: the most rows in one group (a longer run is cut into groups of at most this many).
+
+    Returns:
+        (prefix_lens, group_rows), [len(tables)] int32 each: the tokens each row's group shares (0 for a
+        row in no group), and the group's row count at its first row (0 at every other row).
+    """
+    n = len(tables)
+    prefix_lens, group_rows = np.zeros(n, dtype=np.int32), np.zeros(n, dtype=np.int32)
+    first = 0
+    while first < n:
+        lead = tables[first]
+        shared, end = len(lead), first + 1
+        while end < n and end - first < max_rows:
+            table, common = tables[end], shared
+            if table[:shared] != lead[:shared]:  # the common case, the whole prefix equal, costs one compare
+                common = next((i for i, (a, b) in enumerate(zip(lead[:shared], table)) if a != b),
+                              min(shared, len(table)))
+            if common == 0:
+                break
+            shared, end = common, end + 1
+        if end - first >= 2:
+            prefix_lens[first:end] = shared * block_size
+            group_rows[first] = end - first
+        first = end
+    return prefix_lens, group_rows

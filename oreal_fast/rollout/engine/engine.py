@@ -79,7 +79,7 @@ import torch
 from oreal_fast.model.decoder import Decoder
 from oreal_fast.progress import Progress
 from oreal_fast.rollout.base import SamplingParams, check_prompts, new_token_limits
-from oreal_fast.rollout.engine.block_manager import BlockManager
+from oreal_fast.rollout.engine.block_manager import BlockManager, shared_prefix_groups
 from oreal_fast.rollout.engine.model_runner import ModelRunner, RoundState, sample_tokens
 from oreal_fast.rollout.engine.pool_sizing import PoolSizer
 from oreal_fast.rollout.engine.scheduler import PrefillItem, Scheduler
@@ -120,6 +120,10 @@ class EngineConfig:
     # device has it (Hopper and later; on an H100 the batch-1 step took 0.793 GPU ms with it, 0.862
     # without, same tokens: benchmarks/RESULTS.md); True: required; False: off
     gemv_pdl: bool | None = None
+    # decode attention reads the prompt blocks that a prompt's samples share once per group of rows
+    # and step (`kernels.paged_attention.SharedPrefix`), not once per row; not yet measured in the
+    # engine on a GPU, so off by default
+    shared_prefix_attention: bool = False
 
     def __post_init__(self) -> None:
         if self.decode_steps_per_round < 1:
@@ -209,7 +213,8 @@ class PagedEngine:
                                   max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
                                   cuda_graph=config.cuda_graph, steps_per_round=config.decode_steps_per_round,
                                   gemv_max_tokens=config.gemv_max_tokens,
-                                  skinny_max_tokens=config.skinny_max_tokens, gemv_pdl=config.gemv_pdl)
+                                  skinny_max_tokens=config.skinny_max_tokens, gemv_pdl=config.gemv_pdl,
+                                  shared_prefix=config.shared_prefix_attention)
         self._track_blocks(capacity)
         self.device = self.runner.device
         self.oom_counts = {"prefill_oom_splits": 0, "pool_oom_shrinks": 0}  # since the last call's stats
@@ -470,6 +475,9 @@ class PagedEngine:
         if num_rows < runner.num_rows:  # the last rows were preempted
             runner.keep_rows(np.arange(num_rows))
         runner.set_blocks(entries)
+        if self.config.shared_prefix_attention:
+            runner.set_shared_prefix(*shared_prefix_groups([s.block_table for s in scheduler.running],
+                                                           self.config.block_size, runner.max_group_rows))
         uniform = torch.rand(steps, num_rows, generator=generator, device=self.device) if params.do_sample else None
         runner.start_round(uniform)
         width = scheduler.max_table_len()

@@ -17,7 +17,9 @@ Row state (device, `max_num_seqs` rows, the first `num_rows` live, in the schedu
 [max_num_seqs, max_blocks_per_seq] int32, `num_new`, `limits`, `out_rows` (row of the generated-token
 buffer), `done` (stopped: set by the stop check, cleared only for rows `add_rows` appends). A
 decode step derives from them its `slots` (block_tables[pos // block_size] * block_size + pos %
-block_size) and `context_lens` (pos + 1), written in place into buffers of their own. Rows past
+block_size) and `context_lens` (pos + 1), written in place into buffers of their own. With
+`shared_prefix`, `prefix_lens` and `group_rows` (`SharedPrefix`) name the groups of rows that share
+a prompt's blocks, set before each round (`set_shared_prefix`) and cleared when rows move. Rows past
 `num_rows` are all zeros and `done`; a done row writes its k/v into the null block (id 0,
 `NULL_BLOCK`), which nothing reads, so a CUDA graph padded up to its bucket and a row that stopped
 in an earlier step write nothing anyone reads.
@@ -54,7 +56,8 @@ may add one to a GEMM, e.g. a split-K reduction):
   1. add_rms_norm (the previous MLP's output into the residual stream, then attn_norm)
   2. q|k|v GEMM with its bias (addmm)
   3. rope_write_kv (rope q and k, write k and v into the pool)
-  4. paged decode attention (a second, combining kernel when the context is split)
+  4. paged decode attention (a second, combining kernel when the context is split; with
+     `shared_prefix`, a kernel before it reads each group's shared prompt once)
   5. o GEMM
   6. add_rms_norm (attention's output into the residual stream, then mlp_norm)
   7. gate|up GEMM
@@ -87,7 +90,7 @@ import torch.nn.functional as F
 
 from oreal_fast.kernels.common import check_pdl, pdl_available
 from oreal_fast.kernels.decode_tail import decode_slots, decode_tail
-from oreal_fast.kernels.paged_attention import paged_decode_attention
+from oreal_fast.kernels.paged_attention import SharedPrefix, paged_decode_attention
 from oreal_fast.kernels.sampling import sample_with_logprobs, token_logprobs
 from oreal_fast.kernels.trunk_inference import rope_write_kv
 from oreal_fast.model.attention import make_backend, resolve_backend_name
@@ -149,9 +152,10 @@ class DecodeCache:
     context through its block table."""
 
     def __init__(self, kv: torch.Tensor, slots: torch.Tensor, block_tables: torch.Tensor,
-                 context_lens: torch.Tensor, impl: str, pdl: bool = False):
+                 context_lens: torch.Tensor, impl: str, pdl: bool = False, shared: SharedPrefix | None = None):
         self.kv, self.slots, self.block_tables, self.context_lens, self.impl = kv, slots, block_tables, context_lens, impl
         self.pdl = pdl  # the kernels launch with programmatic dependent launch (the GEMV layers' steps)
+        self.shared = shared  # rows sharing their prompt's blocks, read once per group
 
     def kv_pool(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.kv[layer, 0], self.kv[layer, 1], self.slots
@@ -164,7 +168,11 @@ class DecodeCache:
     def attend_roped(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         kv = self.kv[layer]
         return paged_decode_attention(q, kv[0], kv[1], self.block_tables, self.context_lens, pdl=self.pdl,
-                                      impl=self.impl)
+                                      impl=self.impl, shared=self.shared)
+
+
+# the prefix kernel's dot tile: rows of a group times query heads per KV head
+_PREFIX_TILE_ROWS = 128
 
 
 @dataclass
@@ -200,11 +208,14 @@ class ModelRunner:
             skinny-GEMM layers on CUDA (`InferenceModel`); 0 never does.
         gemv_pdl: the GEMV layers' kernels launch with programmatic dependent launch; None: where
             the device has it (`kernels.common.pdl_available`).
+        shared_prefix: decode attention reads the blocks that groups of rows share once per group
+            (`set_shared_prefix` gives the groups).
     """
 
     def __init__(self, actor: Decoder, *, dtype: torch.dtype, num_blocks: int, block_size: int,
                  max_num_seqs: int, max_model_len: int, cuda_graph: bool, steps_per_round: int,
-                 gemv_max_tokens: int, skinny_max_tokens: int, gemv_pdl: bool | None) -> None:
+                 gemv_max_tokens: int, skinny_max_tokens: int, gemv_pdl: bool | None,
+                 shared_prefix: bool = False) -> None:
         device = actor.embed.weight.device
         self.device, self.dtype, self.block_size = device, dtype, block_size
         self.num_blocks, self.max_num_seqs = num_blocks, max_num_seqs
@@ -228,6 +239,9 @@ class ModelRunner:
                                     gemv_max_tokens=gemv_max_tokens, skinny_max_tokens=skinny_max_tokens,
                                     gemv_pdl=gemv_pdl).eval()
         self.prefill_backend = make_backend(resolve_backend_name("auto", device, dtype))
+        self.shared_prefix = shared_prefix
+        # a group's rows times the query heads per KV head fill the prefix kernel's dot tile (128 rows)
+        self.max_group_rows = max(1, _PREFIX_TILE_ROWS // (c.num_heads // c.num_kv_heads))
         self.sync_weights(full_weights(actor))
         self._allocate_row_state(steps_per_round)
         self.kv: torch.Tensor | None = None
@@ -252,6 +266,8 @@ class ModelRunner:
         self.done = torch.ones(R, dtype=torch.bool, device=device)
         # a decode step's pool slots and context lengths, derived from the rows' positions and tables
         self.slots, self.context_lens = zeros(R), zeros(R, dtype=torch.int32)
+        # the rows' groups sharing a prompt's blocks (`set_shared_prefix`): all zero, no group
+        self.prefix_lens, self.group_rows = zeros(R, dtype=torch.int32), zeros(R, dtype=torch.int32)
         self._cu = torch.arange(R + 1, dtype=torch.int32, device=device)
         # a round's state: its step, uniforms (all, and the step's row), tokens, and each row's num_new when it began
         self.step, self.round_start = zeros(1), zeros(R)
@@ -422,6 +438,15 @@ class ModelRunner:
             r, c, b = self._to_device(torch.tensor(entries, dtype=torch.int64)).unbind(1)
             self.block_tables[r, c] = b.to(torch.int32)
 
+    def set_shared_prefix(self, prefix_lens: np.ndarray, group_rows: np.ndarray) -> None:
+        """The live rows' groups (`block_manager.shared_prefix_groups`, [num_rows] int32 each) for the
+        decode steps that follow; every other row is in none. One host-to-device copy."""
+        host = np.zeros((2, self.max_num_seqs), dtype=np.int32)
+        host[0, : len(prefix_lens)], host[1, : len(group_rows)] = prefix_lens, group_rows
+        both = self._to_device(torch.from_numpy(host))
+        self.prefix_lens.copy_(both[0], non_blocking=True)
+        self.group_rows.copy_(both[1], non_blocking=True)
+
     def _to_device(self, host: torch.Tensor) -> torch.Tensor:
         """A host tensor on the device without waiting for the stream: on CUDA through pinned memory
         (the caching host allocator keeps it until the copy ran), so a round can be planned while
@@ -440,6 +465,8 @@ class ModelRunner:
             t[m:n] = 0
         self.done[:m] = self.done[:n].index_select(0, idx)
         self.done[m:n] = True
+        self.prefix_lens.zero_()  # no group until the next `set_shared_prefix`
+        self.group_rows.zero_()
         self.num_rows = m
 
     # ------------------------------------------------------------------ decode rounds
@@ -529,7 +556,10 @@ class ModelRunner:
                      self.step_uniform[:b], impl=self.row_state_impl)
         # the attention kernels launch as the layers around them do
         pdl = self.model.launches_with_pdl(b)
-        cache = DecodeCache(self.kv, slots, tables, context, self.attn_impl, pdl=pdl)
+        # a group has two rows at least
+        shared = SharedPrefix(self.prefix_lens[:b], self.group_rows[:b], self.max_group_rows) \
+            if self.shared_prefix and b > 1 else None
+        cache = DecodeCache(self.kv, slots, tables, context, self.attn_impl, pdl=pdl, shared=shared)
         out = self.logits[:b]
 
         def head(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
