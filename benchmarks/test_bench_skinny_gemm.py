@@ -11,6 +11,10 @@ Providers:
                   gate|up with SwiGLU in its epilogue
   oreal_fast_pdl  the same launched with programmatic dependent launch (Hopper and later)
   oreal_fast_k64, oreal_fast_k256  oreal_fast with K tiles of 64 or 256 columns (the default: 128)
+  oreal_fast_s2, oreal_fast_w8, oreal_fast_p2, oreal_fast_r128  oreal_fast with 2 pipeline stages (so two
+                  programs fit a multiprocessor's shared memory), 8 warps, 2 programs per multiprocessor
+                  (fewer rows a program), or up to 128 rows a program: the tiles to try where the
+                  default loses to cuBLAS (gate|up from 32 tokens)
 Every call is timed inside a CUDA graph of CALLS calls of the projection (the weights, 2-17 MB, stay
 in L2 only for the smallest ones: `weight_mb` says which). extra_info: us (median per call), T,
 projection, weight_mb, gb_per_s (the weight bytes over that time), copy_gb_per_s (a device-to-device
@@ -36,7 +40,10 @@ H, I, QKV = 896, 4864, 1152
 PROJECTIONS = {"qkv": (QKV, H, True, False, 1), "o": (H, H, False, False, 2),
                "gate_up": (2 * I, H, False, True, 1), "down": (H, I, False, False, 3)}
 TOKENS = (2, 4, 8, 16, 32, 64, 128)
-PROVIDERS = ("cublas", "oreal_fast", "oreal_fast_pdl", "oreal_fast_k64", "oreal_fast_k256")
+PROVIDERS = ("cublas", "oreal_fast", "oreal_fast_pdl", "oreal_fast_k64", "oreal_fast_k256", "oreal_fast_s2",
+             "oreal_fast_w8", "oreal_fast_p2", "oreal_fast_r128")
+# a provider's suffix letter -> the `skinny_gemm._Tiles` field its number sets
+TILE_FIELDS = {"k": "block_k", "s": "num_stages", "w": "num_warps", "p": "programs_per_sm", "r": "max_rows"}
 CALLS = 20
 
 
@@ -55,11 +62,12 @@ def _call(provider: str, projection: str, T: int):
 
 
 @contextlib.contextmanager
-def _block_k(provider: str):
-    """The K tile a provider names (`_k64`, `_k256`) while its calls are captured."""
+def _tiles_of(provider: str):
+    """The tiles a provider names (`_k64`: block_k 64, `TILE_FIELDS`) while its calls are captured."""
     default = skinny_gemm._TILES_CUDA
-    if provider.startswith("oreal_fast_k"):
-        skinny_gemm._TILES_CUDA = dataclasses.replace(default, block_k=int(provider.rpartition("_k")[2]))
+    suffix = provider.removeprefix("oreal_fast_")
+    if suffix[:1] in TILE_FIELDS and suffix[1:].isdigit():
+        skinny_gemm._TILES_CUDA = dataclasses.replace(default, **{TILE_FIELDS[suffix[0]]: int(suffix[1:])})
     try:
         yield
     finally:
@@ -73,7 +81,7 @@ def test_skinny_linear(benchmark, copy_gb_per_s, projection, T, provider):
     if provider == "oreal_fast_pdl" and not pdl_available(torch.device("cuda")):
         pytest.skip("programmatic dependent launch needs compute capability >= 9")
     fn = _call(provider, projection, T)
-    with _block_k(provider):
+    with _tiles_of(provider):
         graph = graph_of(fn, CALLS)
 
     def step():
