@@ -3,7 +3,7 @@
 # its bf16 and CUDA-graph tests, the engine's GPU tests (every layer path, and the shared-prefix
 # attention) and the trainer's GPU test at the defaults, the kernel with and without `shared` on the
 # shared-prompt cases beside their unshared twins, and the official-shape rollout with and without
-# `shared_prefix_attention` (its engine stats split the time by live batch); with `skinny` named, the
+# `shared_prefix_min_rows` 64 (its engine stats split the time by live batch); with `skinny` named, the
 # skinny GEMM's tile variants at 16-64 tokens (not in the default list: the five above take ~9 minutes).
 #   OUT=results_dir bash benchmarks/gpu_shared_prefix.sh [tests] [kernel] [official] [engine] [trainer] [skinny]
 # Writes under $OUT: env.txt, steps.txt, *_tests.log, paged_shared.json, rollout_official.json,

@@ -14,8 +14,8 @@ token (every response runs to 256), one timed round after a warm-up:
                        at its drawn length; 20 GiB KV pool. The cap on the case's time is the
                        distribution: ~2.0 M new tokens, the longest response (the tail decoded at
                        a small batch) about 15.8 k tokens.
-  oreal_fast-official-shared  the same with `shared_prefix_attention` (each prompt's blocks read once
-                       per group of its samples in every decode step)
+  oreal_fast-official-shared64  the same with `shared_prefix_min_rows` 64 (in decode steps of 64 rows
+                       or more, each prompt's blocks read once per group of its samples)
 extra_info: tokens_per_s (new tokens over the round's wall time), peak_gib (peak allocated device
 memory in the round, weights included), oreal_fast_path (the file of the oreal_fast this run
 imported: which tree a baseline run measured); for oreal_fast cases the engine's stats too.
@@ -37,7 +37,7 @@ PROMPT, NEW = 128, 256
 PARAMS = SamplingParams(max_new_tokens=NEW, max_length=PROMPT + NEW, top_p=0.9)
 BATCHES = {"hf_generate_static": (256,), "hf_generate_dynamic": (256,), "plain_sampler": (256,),
            "oreal_fast": (64, 256, 1024)}
-OFFICIAL = {"oreal_fast-official": {}, "oreal_fast-official-shared": {"shared_prefix_attention": True}}
+OFFICIAL = {"oreal_fast-official": {}, "oreal_fast-official-shared64": {"shared_prefix_min_rows": 64}}
 CASES = [f"{p}-B{b}" for p, bs in BATCHES.items() for b in bs] + list(OFFICIAL)
 KV_BYTES_PER_TOKEN = 24 * 2 * 2 * 64 * 2
 

@@ -10,8 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from oreal_fast.kernels.paged_attention import paged_decode_attention
 from oreal_fast.kernels.sampling import sample_from_logits_eager
 from oreal_fast.rollout import EngineConfig, PagedEngine, PlainSampler, SamplingParams, filter_logits
+from oreal_fast.rollout.engine import model_runner
 
 BASE = [[3, 17, 8, 40, 2], [9], [50, 1, 1, 33, 12, 7, 26, 5, 44], [21, 22]]
 # k copies in a row as the trainer passes them, plus singles
@@ -204,8 +206,8 @@ def test_decode_steps_per_round_must_be_positive(models):
         EngineConfig(max_model_len=64, kv_cache_bytes=2**20, decode_steps_per_round=0)
 
 
-@pytest.mark.parametrize("key", ["gemv_max_tokens", "skinny_max_tokens"])
-def test_few_token_thresholds_must_not_be_negative(key):
+@pytest.mark.parametrize("key", ["gemv_max_tokens", "skinny_max_tokens", "shared_prefix_min_rows"])
+def test_row_thresholds_must_not_be_negative(key):
     with pytest.raises(ValueError, match=f"EngineConfig.{key} = -1: must be >= 0"):
         EngineConfig(max_model_len=64, kv_cache_bytes=2**20, **{key: -1})
 
@@ -408,7 +410,7 @@ def test_overlapped_rounds_give_the_plain_samplers_tokens_through_stops_admissio
 @pytest.mark.parametrize("static_shapes", [False, True], ids=["live_rows", "graph_shapes"])
 def test_shared_prefix_groups_follow_the_rows_through_stops_admissions_and_preemption(
         models, static_shapes, steps_per_round):
-    """With `shared_prefix_attention` each round names the groups of rows sharing a prompt's blocks;
+    """With `shared_prefix_min_rows` each round names the groups of rows sharing a prompt's blocks;
     the eager attention checks every step's groups against the block tables on the device (the
     same rows, prefix lengths and table entries: `SharedPrefix`), and the tokens stay the plain
     sampler's through rows stopping inside rounds, rows waiting for rows and for blocks, and
@@ -418,7 +420,7 @@ def test_shared_prefix_groups_follow_the_rows_through_stops_admissions_and_preem
     expected = engine(ours).generate(PROMPTS, greedy(30), torch.Generator(), max_new_per_prompt=caps)
     for blocks, max_num_seqs in ((400, 3), (400, 16), (18, 16)):
         e = engine(ours, blocks=blocks, max_num_seqs=max_num_seqs, decode_steps_per_round=steps_per_round,
-                   shared_prefix_attention=True)
+                   shared_prefix_min_rows=2)
         e.runner.static_shapes = static_shapes
         groups, set_shared_prefix = [], e.runner.set_shared_prefix
 
@@ -435,6 +437,23 @@ def test_shared_prefix_groups_follow_the_rows_through_stops_admissions_and_preem
         if blocks == 18:
             assert e.stats()["preemptions"] > 0
         assert_pool_empty(e)
+
+
+@pytest.mark.parametrize("min_rows", [0, 4])
+def test_only_steps_of_shared_prefix_min_rows_rows_or_more_take_the_groups(models, monkeypatch, min_rows):
+    _, ours = models
+    calls = []
+
+    def attention(q, *args, shared=None, **kw):
+        calls.append((q.shape[0], shared is not None))
+        return paged_decode_attention(q, *args, shared=shared, **kw)
+
+    monkeypatch.setattr(model_runner, "paged_decode_attention", attention)
+    e = engine(ours, shared_prefix_min_rows=min_rows, decode_steps_per_round=1)
+    e.generate(PROMPTS, greedy(12), torch.Generator(), max_new_per_prompt=[12, 3, 2, 9, 2, 3, 5, 12, 4])
+    rows = {b for b, _ in calls}
+    assert min(rows) < 4 <= max(rows)  # live batches below and above the threshold
+    assert all(with_groups == (0 < min_rows <= b) for b, with_groups in calls)
 
 
 @pytest.mark.parametrize("overlap", [True, False])

@@ -11,7 +11,7 @@ prefix. A real bug (wrong slot, block or position) picks tokens far below the be
 so they must agree token for token, sampled runs, stops inside a decode round and preemption
 included. Both checks run four times: with the plain layers, and with every decode bucket on the
 few-token GEMV layers (`gemv_max_tokens`) or on the skinny-GEMM layers (`skinny_max_tokens`),
-these with and without the shared-prefix attention (`shared_prefix_attention`).
+these with and without the shared-prefix attention (`shared_prefix_min_rows`).
 
 Log-probs: the engine (bf16 weight copy, bf16 logits, its fused kernels, the KV cache) against the
 trainer's actor holding the same weights (fp32 masters under bf16 autocast, Triton trunk ops, the
@@ -65,7 +65,7 @@ LAYERS = {"plain_layers": ({"gemv_max_tokens": 0, "skinny_max_tokens": 0}, "plai
           "gemv_layers": ({"gemv_max_tokens": 16}, "gemv"),
           "skinny_layers": ({"gemv_max_tokens": 0, "skinny_max_tokens": 16}, "skinny"),
           # the defaults' layers, and decode attention reading each prompt's shared blocks once per group
-          "shared_prefix": ({"shared_prefix_attention": True}, "skinny")}
+          "shared_prefix": ({"shared_prefix_min_rows": 2}, "skinny")}
 
 
 @pytest.fixture(params=list(LAYERS.values()), ids=list(LAYERS))

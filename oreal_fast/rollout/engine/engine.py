@@ -120,10 +120,11 @@ class EngineConfig:
     # device has it (Hopper and later; on an H100 the batch-1 step took 0.793 GPU ms with it, 0.862
     # without, same tokens: benchmarks/RESULTS.md); True: required; False: off
     gemv_pdl: bool | None = None
-    # decode attention reads the prompt blocks that a prompt's samples share once per group of rows
-    # and step (`kernels.paged_attention.SharedPrefix`), not once per row; not yet measured in the
-    # engine on a GPU, so off by default
-    shared_prefix_attention: bool = False
+    # decode steps of at least this many rows (batch buckets) read the prompt blocks that a prompt's
+    # samples share once per group of rows (`kernels.paged_attention.SharedPrefix`), not once per row:
+    # one more kernel a layer, for fewer bytes where many rows share a prompt. Not yet timed in the
+    # engine on a GPU; 0: never
+    shared_prefix_min_rows: int = 0
 
     def __post_init__(self) -> None:
         if self.decode_steps_per_round < 1:
@@ -132,6 +133,8 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.gemv_max_tokens = {self.gemv_max_tokens}: must be >= 0")
         if self.skinny_max_tokens < 0:
             raise ValueError(f"EngineConfig.skinny_max_tokens = {self.skinny_max_tokens}: must be >= 0")
+        if self.shared_prefix_min_rows < 0:
+            raise ValueError(f"EngineConfig.shared_prefix_min_rows = {self.shared_prefix_min_rows}: must be >= 0")
 
 
 @dataclass
@@ -214,7 +217,7 @@ class PagedEngine:
                                   cuda_graph=config.cuda_graph, steps_per_round=config.decode_steps_per_round,
                                   gemv_max_tokens=config.gemv_max_tokens,
                                   skinny_max_tokens=config.skinny_max_tokens, gemv_pdl=config.gemv_pdl,
-                                  shared_prefix=config.shared_prefix_attention)
+                                  shared_prefix_min_rows=config.shared_prefix_min_rows)
         self._track_blocks(capacity)
         self.device = self.runner.device
         self.oom_counts = {"prefill_oom_splits": 0, "pool_oom_shrinks": 0}  # since the last call's stats
@@ -475,7 +478,7 @@ class PagedEngine:
         if num_rows < runner.num_rows:  # the last rows were preempted
             runner.keep_rows(np.arange(num_rows))
         runner.set_blocks(entries)
-        if self.config.shared_prefix_attention:
+        if self.config.shared_prefix_min_rows:
             runner.set_shared_prefix(*shared_prefix_groups([s.block_table for s in scheduler.running],
                                                            self.config.block_size, runner.max_group_rows))
         uniform = torch.rand(steps, num_rows, generator=generator, device=self.device) if params.do_sample else None

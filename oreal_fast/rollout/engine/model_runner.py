@@ -18,7 +18,7 @@ Row state (device, `max_num_seqs` rows, the first `num_rows` live, in the schedu
 buffer), `done` (stopped: set by the stop check, cleared only for rows `add_rows` appends). A
 decode step derives from them its `slots` (block_tables[pos // block_size] * block_size + pos %
 block_size) and `context_lens` (pos + 1), written in place into buffers of their own. With
-`shared_prefix`, `prefix_lens` and `group_rows` (`SharedPrefix`) name the groups of rows that share
+`shared_prefix_min_rows`, `prefix_lens` and `group_rows` (`SharedPrefix`) name the groups of rows that share
 a prompt's blocks, set before each round (`set_shared_prefix`) and cleared when rows move. Rows past
 `num_rows` are all zeros and `done`; a done row writes its k/v into the null block (id 0,
 `NULL_BLOCK`), which nothing reads, so a CUDA graph padded up to its bucket and a row that stopped
@@ -57,7 +57,8 @@ may add one to a GEMM, e.g. a split-K reduction):
   2. q|k|v GEMM with its bias (addmm)
   3. rope_write_kv (rope q and k, write k and v into the pool)
   4. paged decode attention (a second, combining kernel when the context is split; with
-     `shared_prefix`, a kernel before it reads each group's shared prompt once)
+     `shared_prefix_min_rows` at or below the bucket, a kernel before it reads each group's shared
+     prompt once)
   5. o GEMM
   6. add_rms_norm (attention's output into the residual stream, then mlp_norm)
   7. gate|up GEMM
@@ -208,14 +209,15 @@ class ModelRunner:
             skinny-GEMM layers on CUDA (`InferenceModel`); 0 never does.
         gemv_pdl: the GEMV layers' kernels launch with programmatic dependent launch; None: where
             the device has it (`kernels.common.pdl_available`).
-        shared_prefix: decode attention reads the blocks that groups of rows share once per group
-            (`set_shared_prefix` gives the groups).
+        shared_prefix_min_rows: decode steps of at least this many rows (2 at least: a group's)
+            read the blocks that groups of rows share once per group (`set_shared_prefix` gives
+            the groups); 0 never do.
     """
 
     def __init__(self, actor: Decoder, *, dtype: torch.dtype, num_blocks: int, block_size: int,
                  max_num_seqs: int, max_model_len: int, cuda_graph: bool, steps_per_round: int,
                  gemv_max_tokens: int, skinny_max_tokens: int, gemv_pdl: bool | None,
-                 shared_prefix: bool = False) -> None:
+                 shared_prefix_min_rows: int = 0) -> None:
         device = actor.embed.weight.device
         self.device, self.dtype, self.block_size = device, dtype, block_size
         self.num_blocks, self.max_num_seqs = num_blocks, max_num_seqs
@@ -239,7 +241,7 @@ class ModelRunner:
                                     gemv_max_tokens=gemv_max_tokens, skinny_max_tokens=skinny_max_tokens,
                                     gemv_pdl=gemv_pdl).eval()
         self.prefill_backend = make_backend(resolve_backend_name("auto", device, dtype))
-        self.shared_prefix = shared_prefix
+        self.shared_prefix_min_rows = shared_prefix_min_rows
         # a group's rows times the query heads per KV head fill the prefix kernel's dot tile (128 rows)
         self.max_group_rows = max(1, _PREFIX_TILE_ROWS // (c.num_heads // c.num_kv_heads))
         self.sync_weights(full_weights(actor))
@@ -558,7 +560,7 @@ class ModelRunner:
         pdl = self.model.launches_with_pdl(b)
         # a group has two rows at least
         shared = SharedPrefix(self.prefix_lens[:b], self.group_rows[:b], self.max_group_rows) \
-            if self.shared_prefix and b > 1 else None
+            if 0 < self.shared_prefix_min_rows <= b and b > 1 else None
         cache = DecodeCache(self.kv, slots, tables, context, self.attn_impl, pdl=pdl, shared=shared)
         out = self.logits[:b]
 
