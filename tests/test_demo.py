@@ -16,6 +16,9 @@ import torch
 from oreal_fast.metrics import OFFICIAL_KEYS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the demo run is this file's first test's setup: about 6 minutes on two idle cores, 9 beside another
+# test process (scripts/test.sh runs two)
+pytestmark = pytest.mark.timeout(1200)
 
 
 @pytest.fixture(scope="module")
