@@ -14,7 +14,11 @@ Providers:
   merged_16k      merged with half the token budget (16384, the longest sequence's length): micro-batches
                   half as large, whose activations fit the cap with no block recomputed
   merged_varlen   merged with the flash varlen kernel for every row (attention_backend "varlen"; the
-                  others run "auto": cuDNN per sequence for a row whose sequences all have 8192 tokens or more)
+                  others but merged_runs run "auto", i.e. "by_length": cuDNN per sequence for a row whose
+                  sequences all have 8192 tokens or more, varlen for the whole row otherwise)
+  merged_runs     merged with attention_backend "by_length_runs": each run of consecutive sequences of
+                  8192 tokens or more in a row to cuDNN, each run of shorter ones to one varlen call (the
+                  mixed case's long sequences leave varlen; the short case makes the calls merged makes)
 Cases (fixed seeds):
   short  64 kept sequences, 32 prompts x 2 samples, 470-token prompt + 150..220-token responses
          (~660 tokens each, the shape of a capped-response run)
@@ -45,7 +49,8 @@ from oreal_fast.trajectories import plan_micro_batches
 # provider -> (rl_micro_batch_tokens, weights_cast_once, merged_projections, attention backend)
 PROVIDERS = {"oreal_fast": (32768, False, False, "auto"), "official_split": (0, False, False, "auto"),
              "cast_once": (32768, True, False, "auto"), "merged": (32768, True, True, "auto"),
-             "merged_16k": (16384, True, True, "auto"), "merged_varlen": (32768, True, True, "varlen")}
+             "merged_16k": (16384, True, True, "auto"), "merged_varlen": (32768, True, True, "varlen"),
+             "merged_runs": (32768, True, True, "by_length_runs")}
 
 
 CASES = {"short": short_case, "mixed": mixed_case}

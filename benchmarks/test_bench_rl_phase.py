@@ -25,6 +25,9 @@ Providers:
                     varlen: the per-sequence outputs and their packed copy keep one more [T, Hq x D]
                     tensor a layer, ~4 % of a block's activations). The warm-up call runs the same
                     lengths, so cuDNN's graphs (one per padded length) are built before the timed rounds
+  runs              merged with attention_backend "by_length_runs": with its two sequences of equal
+                    length a row is one run, so it makes the very calls merged makes (varlen at 4096,
+                    cuDNN at 16384): what splitting rows into runs costs where there is nothing to split
   hf_plain          transformers Qwen2ForCausalLM x 3 the plain way: full [B, L, V] logits,
                     gradient checkpointing, log_softmax + gather, the same OREAL math after that
 Cases: 2 sequences of L tokens (512 prompt + L - 512 response), L in {4096, 16384}; hf_plain runs
@@ -64,6 +67,7 @@ OURS = {
     "merged": ("triton", "linear_logprob", TRAIN_OPS, None, True, True, "auto"),
     "varlen": ("triton", "linear_logprob", TRAIN_OPS, None, True, True, "varlen"),
     "cudnn": ("triton", "linear_logprob", TRAIN_OPS, None, True, True, "cudnn"),
+    "runs": ("triton", "linear_logprob", TRAIN_OPS, None, True, True, "by_length_runs"),
 }
 PROVIDERS = (*OURS, "hf_plain")
 

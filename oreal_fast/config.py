@@ -47,7 +47,7 @@ CHOICES = {
     "reward_shaping_type": ("rloo", "grpo"), "kl_type": ("kl", "unbias", "mse"),
     "loss_impl": ("auto", "triton", "eager"), "trunk_kernels": ("auto", "triton", "eager"),
     "loss_kernel": ("linear_logprob", "fused_oreal_loss"), "device": ("auto", "cpu", "cuda"),
-    "attention_backend": ("auto", "varlen", "sdpa", "cudnn", "by_length"),
+    "attention_backend": ("auto", "varlen", "sdpa", "cudnn", "by_length", "by_length_runs"),
 }
 
 # Int keys and their lowest allowed value (checked at load; --help and docs/config.md list them).
@@ -293,7 +293,9 @@ class TrainConfig:
     (PyTorch's scaled_dot_product_attention per sequence, any device) | cudnn (the same with its cuDNN
     kernel forced, each sequence padded to a multiple of 256 tokens so that cuDNN builds a bounded set of
     graphs) | by_length (cudnn for a micro-batch row whose sequences all have at least 8192 tokens,
-    varlen for the others). varlen, cudnn and by_length need a GPU and dtype bf16, fp16 or auto. On an H100
+    varlen for the others) | by_length_runs (each run of consecutive sequences of at least 8192 tokens in
+    a row to cudnn, each run of shorter ones to one varlen call; not yet measured against by_length).
+    varlen, cudnn, by_length and by_length_runs need a GPU and dtype bf16, fp16 or auto. On an H100
     cudnn's attention took 8.3 ms to varlen's 12.5 ms at 2 x 16384 tokens (one layer, forward + backward;
     benchmarks/test_bench_attention.py). Generation attends through the rollout engine's own kernels
     whatever this says."""
@@ -660,7 +662,8 @@ def _check_device(c: _Checker, cfg: TrainConfig) -> None:
     on_cpu = cfg.device == "cpu" or not torch.cuda.is_available()
     if on_cpu and cfg.dtype in ("bf16", "fp16"):
         c.fail("dtype", f"{cfg.dtype!r} needs a GPU; on CPU use 'fp32' or 'auto' (which picks fp32 there)")
-    if cfg.attention_backend in ("varlen", "cudnn", "by_length") and (on_cpu or cfg.dtype == "fp32"):
+    if cfg.attention_backend in ("varlen", "cudnn", "by_length", "by_length_runs") and (
+            on_cpu or cfg.dtype == "fp32"):
         where = "the run is on CPU" if on_cpu else "dtype is 'fp32'"
         c.fail("attention_backend", f"{cfg.attention_backend!r} needs a GPU and bf16/fp16 compute, but {where} "
                f"(use 'auto' or 'sdpa')")

@@ -134,7 +134,7 @@ BAD = [
     ("trunk_kernels = 'liger'", "trunk_kernels", "auto, triton, eager"),
     ("selective_recompute = 1.5", "selective_recompute", "None or [0, 1]"),
     ("loss_kernel = 'cce'", "loss_kernel", "linear_logprob, fused_oreal_loss"),
-    ("attention_backend = 'flash'", "attention_backend", "auto, varlen, sdpa, cudnn, by_length"),
+    ("attention_backend = 'flash'", "attention_backend", "auto, varlen, sdpa, cudnn, by_length, by_length_runs"),
     ("rl_micro_batch_tokens = -1", "rl_micro_batch_tokens", ">= 0"),
     ("weights_cast_once = False\nmerged_projections = True", "merged_projections", "True needs weights_cast_once = True"),
     ("device = 'tpu'", "device", "auto, cpu, cuda"),
@@ -176,6 +176,7 @@ def test_bad_config_names_key_file_and_range(tmp_path, line, key, why):
     ("device = 'cpu'\nattention_backend = 'cudnn'", "attention_backend", "needs a GPU and bf16/fp16 compute, but the "
                                                                         "run is on CPU (use 'auto' or 'sdpa')"),
     ("device = 'cpu'\nattention_backend = 'varlen'", "attention_backend", "the run is on CPU"),
+    ("device = 'cpu'\nattention_backend = 'by_length_runs'", "attention_backend", "the run is on CPU"),
 ])
 def test_cpu_only_settings_are_refused_before_anything_loads(tmp_path, monkeypatch, line, key, why):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
@@ -185,7 +186,7 @@ def test_cpu_only_settings_are_refused_before_anything_loads(tmp_path, monkeypat
     assert key in str(e.value) and path in str(e.value) and why in str(e.value)
 
 
-@pytest.mark.parametrize("backend", ["varlen", "cudnn", "by_length"])
+@pytest.mark.parametrize("backend", ["varlen", "cudnn", "by_length", "by_length_runs"])
 def test_gpu_attention_backends_are_refused_for_fp32_compute(tmp_path, monkeypatch, backend):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the config's view of a GPU machine
     path = _write(tmp_path, f"device = 'auto'\ndtype = 'fp32'\nattention_backend = {backend!r}\n")

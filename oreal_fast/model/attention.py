@@ -34,6 +34,17 @@ result up to rounding, which the tests check against each other.
   at least `CUDNN_MIN_LENGTH` tokens (and whose host bounds are given), "varlen" otherwise: a row
   that also holds short sequences would run each of them as a cuDNN call of its own, padded to
   `CUDNN_LENGTH_BUCKET`, in every layer, and that has not been measured against varlen.
+- "by_length_runs": the row cut (on its host bounds) into maximal runs of consecutive sequences that
+  all have at least `CUDNN_MIN_LENGTH` tokens or all have fewer; each long run goes to "cudnn" and
+  each short run to one "varlen" call, over the run's slice of the row with its bounds shifted to
+  start at 0 (the device bounds shifted on the device: no sync), and the outputs are packed again.
+  A row of one run makes the very call "by_length" makes, and so does a call without
+  `cu_seqlens_host` (varlen on the whole row). It is meant for the RL phase's mixed rows, where one
+  sequence of 10-12k tokens beside dozens of short ones holds ~90 % of the row's attention FLOPs and
+  "by_length" runs it in varlen, 1.4-1.5x slower than cuDNN at those lengths (above). A row of
+  several runs keeps, as "cudnn" does, one [T, Hq, D] tensor a layer more than "varlen" (the runs'
+  outputs and their packed copy). Not yet measured against "by_length" on a GPU, so "auto" keeps
+  "by_length".
 
 This module does not do KV caches: generation passes its own cache object to `Decoder.forward`
 (`oreal_fast.rollout`).
@@ -44,7 +55,7 @@ Invariant: attention never crosses a `cu_seqlens` boundary; `cu_seqlens_host`, w
 from __future__ import annotations
 
 import inspect
-from typing import Callable, Protocol
+from typing import Callable, NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -58,14 +69,15 @@ class AttentionBackend(Protocol):
                  cu_seqlens_host: tuple[int, ...] | None = None) -> torch.Tensor: ...
 
 
-BACKEND_NAMES = ("auto", "sdpa", "varlen", "cudnn", "by_length")
+BACKEND_NAMES = ("auto", "sdpa", "varlen", "cudnn", "by_length", "by_length_runs")
 # the compute dtypes the CUDA kernels ("varlen", "cudnn") take
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 # "cudnn" pads each sequence to a multiple of this many tokens: cuDNN builds a graph per shape, so a
 # run meets at most max_len / 256 of them (~0.15 s each, forward and backward, on an H100)
 CUDNN_LENGTH_BUCKET = 256
 # "by_length" (what "auto" picks on CUDA) sends a row whose sequences all have at least this many
-# tokens to "cudnn", any other row to "varlen". On an H100, one layer's forward + backward of 2
+# tokens to "cudnn", any other row to "varlen"; "by_length_runs" sends each run of such sequences to
+# "cudnn", each run of shorter ones to "varlen". On an H100, one layer's forward + backward of 2
 # sequences: cudnn 1.38x varlen at 8192 and 1.48x at 16384, 1.37x at 4096 where the whole RL
 # micro-batch benchmark could not tell them apart in three runs, slower at 2048 and below
 # (benchmarks/RESULTS.md)
@@ -212,6 +224,52 @@ def _make_by_length_backend() -> AttentionBackend:
     return by_length_attention
 
 
+class _Run(NamedTuple):
+    """Sequences [first, end) of a row, all of at least `CUDNN_MIN_LENGTH` tokens (long) or all shorter."""
+    long: bool
+    first: int
+    end: int
+
+
+def _length_runs(bounds: tuple[int, ...]) -> list[_Run]:
+    """The maximal runs of consecutive sequences of the host `bounds`, in row order, covering every
+    sequence once (none for a row of no sequence); neighbouring runs differ in `long`."""
+    runs: list[_Run] = []
+    for i, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
+        long = end - start >= CUDNN_MIN_LENGTH
+        if runs and runs[-1].long == long:
+            runs[-1] = runs[-1]._replace(end=i + 1)
+        else:
+            runs.append(_Run(long, i, i + 1))
+    return runs
+
+
+def _make_by_length_runs_backend() -> AttentionBackend:
+    varlen, cudnn = _make_varlen_backend(), _make_cudnn_backend()
+
+    def by_length_runs_attention(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+        cu_seqlens_host: tuple[int, ...] | None = None,
+    ) -> torch.Tensor:
+        runs = [] if cu_seqlens_host is None else _length_runs(cu_seqlens_host)
+        if len(runs) <= 1:  # one backend for the whole row: the call "by_length" makes
+            backend = cudnn if runs and runs[0].long else varlen
+            return backend(q, k, v, cu_seqlens, max_seqlen, cu_seqlens_host)
+        outs = []
+        for long, first, end in runs:
+            start, stop = cu_seqlens_host[first], cu_seqlens_host[end]
+            run_host = tuple(b - start for b in cu_seqlens_host[first:end + 1])
+            # shifted on the device by its own first entry: reading cu_seqlens here would sync
+            run_cu = cu_seqlens[first:end + 1]
+            run_cu = run_cu - run_cu[0]
+            longest = max(b - a for a, b in zip(run_host[:-1], run_host[1:]))
+            backend = cudnn if long else varlen
+            outs.append(backend(q[start:stop], k[start:stop], v[start:stop], run_cu, longest, run_host))
+        return torch.cat(outs, dim=0)
+
+    return by_length_runs_attention
+
+
 def resolve_backend_name(name: str, device: torch.device | str | None, dtype: torch.dtype | None) -> str:
     """Turn "auto" into "by_length" (CUDA, bf16/fp16, varlen kernel present) or "sdpa"; check the
     name and what the named backend needs."""
@@ -219,23 +277,26 @@ def resolve_backend_name(name: str, device: torch.device | str | None, dtype: to
         raise ValueError(f"attention backend {name!r}: expected one of {BACKEND_NAMES}")
     if name == "auto":
         return "by_length" if varlen_available(device, dtype) else "sdpa"
-    if name in ("varlen", "by_length") and _varlen_fn() is None:
+    if name in ("varlen", "by_length", "by_length_runs") and _varlen_fn() is None:
         raise ValueError(
             f"attention backend {name!r} needs torch.nn.attention.varlen (torch {torch.__version__} lacks it)"
         )
     device_type = torch.device(device if device is not None else "cpu").type
     # a model built on meta is filled later: its loader (`hf_io.decoder_from_hf`) resolved the name for
     # the real device first
-    if name in ("cudnn", "by_length") and (device_type not in ("cuda", "meta") or dtype not in HALF_DTYPES):
+    if name in ("cudnn", "by_length", "by_length_runs") and (
+            device_type not in ("cuda", "meta") or dtype not in HALF_DTYPES):
         raise ValueError(f"attention backend {name!r} needs a CUDA device and bf16/fp16 compute, got device "
                          f"{device_type} and compute dtype {dtype} (use 'auto' or 'sdpa' there)")
     return name
 
 
 def make_backend(name: str) -> AttentionBackend:
-    """The backend function for a resolved name ("sdpa", "varlen", "cudnn" or "by_length")."""
+    """The backend function for a resolved name ("sdpa", "varlen", "cudnn", "by_length" or "by_length_runs")."""
     if name == "by_length":
         return _make_by_length_backend()
+    if name == "by_length_runs":
+        return _make_by_length_runs_backend()
     if name == "varlen":
         return _make_varlen_backend()
     if name == "cudnn":

@@ -246,7 +246,7 @@ def load_decoder(
         ref: hub id, local HF folder, .gguf path or package://<module>/<file>.gguf.
         dtype: parameter dtype (e.g. torch.bfloat16).
         device: where the parameters live.
-        attn_backend: "auto", "sdpa", "varlen", "cudnn" or "by_length" (see attention.py).
+        attn_backend: "auto", "sdpa", "varlen", "cudnn", "by_length" or "by_length_runs" (see attention.py).
         with_lm_head: False drops an untied LM head (reward-model backbones).
         compute_dtype: the dtype forwards compute in (autocast), default `dtype`; it picks the
             attention backend.

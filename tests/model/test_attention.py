@@ -1,9 +1,11 @@
 """The attention backends' names and the "cudnn" backend's rules on CPU: what `resolve_backend_name`
-refuses, the host bounds the backend needs, and its grouped-heads decision (the kernels themselves
-run in test_attention_gpu.py)."""
+refuses, the host bounds the backend needs, and its grouped-heads decision; how "by_length" and
+"by_length_runs" route a row between stand-ins for "cudnn" and "varlen", and that the runs' outputs
+and gradients, packed again, are the whole row's (the kernels themselves run in test_attention_gpu.py)."""
 
 from __future__ import annotations
 
+import random
 from itertools import accumulate
 
 import pytest
@@ -56,6 +58,24 @@ def test_auto_picks_by_length_for_half_compute_on_cuda_and_sdpa_elsewhere():
         assert resolve_backend_name("auto", "cuda", torch.bfloat16) == "by_length"
 
 
+@pytest.mark.parametrize("device, dtype, varlen", [
+    ("cuda", torch.bfloat16, True), ("meta", torch.float16, True), ("cpu", torch.bfloat16, True),
+    ("cuda", torch.float32, True), ("cuda", torch.bfloat16, False),
+])
+def test_by_length_runs_resolves_where_by_length_does_and_is_refused_where_it_is(monkeypatch, device, dtype, varlen):
+    """The two need the same: a CUDA device (or meta), bf16/fp16 compute and torch's varlen kernel."""
+    if not varlen:
+        monkeypatch.setattr(attention, "_varlen_fn", lambda: None)
+    answers = []
+    for name in ("by_length", "by_length_runs"):
+        try:
+            answers.append(resolve_backend_name(name, device, dtype))
+        except ValueError as e:
+            answers.append(str(e).replace(repr(name), "NAME"))
+    assert answers[1] == ("by_length_runs" if answers[0] == "by_length" else answers[0])
+    assert (answers[0] == "by_length") == (device in ("cuda", "meta") and dtype != torch.float32 and varlen)
+
+
 def test_by_length_sends_rows_of_long_sequences_only_to_cudnn_and_the_others_to_varlen(monkeypatch):
     calls = []
     monkeypatch.setattr(attention, "_make_varlen_backend", lambda: lambda *args: calls.append("varlen"))
@@ -71,6 +91,133 @@ def test_by_length_sends_rows_of_long_sequences_only_to_cudnn_and_the_others_to_
     monkeypatch.setattr(attention, "CUDNN_MIN_LENGTH", 12)
     backend(q, k, v, torch.tensor(long_only, dtype=torch.int32), 11, long_only)  # none long enough
     assert calls == ["cudnn", "varlen", "varlen", "varlen"]
+
+
+class _DeviceBounds(torch.Tensor):
+    """A `cu_seqlens` whose values nothing may read on the host (on a GPU that is a sync); tensor ops on
+    it give `_DeviceBounds` again, so a fake backend can tell bounds derived from it on the device from
+    bounds rebuilt from host ints (a plain tensor)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in (torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.numpy, torch.Tensor.__int__,
+                    torch.Tensor.__index__, torch.Tensor.__bool__, torch.Tensor.__float__):
+            raise AssertionError(f"cu_seqlens read on the host ({func.__name__})")
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def _device_bounds(bounds) -> torch.Tensor:
+    return torch.tensor(bounds, dtype=torch.int32).as_subclass(_DeviceBounds)
+
+
+def _fake_backends(monkeypatch, calls: list, attend=None) -> None:
+    """Fake "varlen" and "cudnn" backends: each appends (its name, the arguments it got) to `calls`,
+    checks that its device bounds came from `cu_seqlens` on the device, start at 0, end at its token
+    count and equal its host bounds, and returns `attend(name, q, k, v, cu_seqlens as a plain tensor,
+    max_seqlen, cu_seqlens_host)`, or q itself without `attend`."""
+
+    def fake(name):
+        def backend(*args):
+            q, k, v, cu_seqlens, max_seqlen, cu_seqlens_host = args
+            assert isinstance(cu_seqlens, _DeviceBounds), f"{name}: bounds rebuilt on the host"
+            cu = cu_seqlens.as_subclass(torch.Tensor)
+            assert cu.dtype == torch.int32 and cu[0] == 0 and cu[-1] == q.shape[0], name
+            assert cu_seqlens_host is None or cu.tolist() == list(cu_seqlens_host), name
+            calls.append((name, args))
+            return q if attend is None else attend(name, q, k, v, cu, max_seqlen, cu_seqlens_host)
+        return lambda: backend
+
+    monkeypatch.setattr(attention, "_make_varlen_backend", fake("varlen"))
+    monkeypatch.setattr(attention, "_make_cudnn_backend", fake("cudnn"))
+
+
+def _token_rows(bounds, heads: int = 4, kv_heads: int = 2, dim: int = 3) -> tuple[torch.Tensor, ...]:
+    """q [T, heads, dim], k and v [T, kv_heads, dim] holding each token's row index in every element."""
+    rows = torch.arange(bounds[-1], dtype=torch.float64)[:, None, None]
+    return tuple(rows.expand(-1, h, dim).contiguous() for h in (heads, kv_heads, kv_heads))
+
+
+def test_by_length_runs_sends_each_run_of_long_or_short_sequences_to_one_call_over_its_slice(monkeypatch):
+    monkeypatch.setattr(attention, "CUDNN_MIN_LENGTH", 8)
+    calls = []
+    _fake_backends(monkeypatch, calls)
+    lens = [3, 9, 8, 2, 5, 10]  # short, long, long, short, short, long
+    bounds = tuple(accumulate(lens, initial=0))  # (0, 3, 12, 20, 22, 27, 37)
+    q, k, v = _token_rows(bounds)
+    out = make_backend("by_length_runs")(q, k, v, _device_bounds(bounds), max(lens), bounds)
+    seen = []
+    for name, (q_run, k_run, v_run, cu, max_seqlen, host) in calls:
+        rows = q_run[:, 0, 0].long().tolist()
+        assert all(torch.equal(x, y[rows]) for x, y in ((q_run, q), (k_run, k), (v_run, v))), name
+        seen.append((name, rows[0], len(rows), cu.as_subclass(torch.Tensor).tolist(), max_seqlen, host))
+    # (backend, first token, tokens, device bounds shifted to 0, the run's longest sequence, host bounds)
+    assert seen == [("varlen", 0, 3, [0, 3], 3, (0, 3)),
+                    ("cudnn", 3, 17, [0, 9, 17], 9, (0, 9, 17)),
+                    ("varlen", 20, 7, [0, 2, 7], 5, (0, 2, 7)),
+                    ("cudnn", 27, 10, [0, 10], 10, (0, 10))]
+    assert torch.equal(out, q)  # the runs' outputs packed back in row order
+
+
+@pytest.mark.parametrize("lens, host", [
+    ([3, 5, 1, 7], True),
+    ([8, 12, 9], True),
+    ([3, 9, 8, 2], False),  # runs of both kinds, but no host bounds to cut them by
+    ([20], True),
+    ([4], True),
+], ids=["all_short", "all_long", "no_host_bounds", "one_long", "one_short"])
+def test_by_length_runs_makes_the_call_by_length_makes_for_a_row_of_one_run_or_without_host_bounds(monkeypatch,
+                                                                                                   lens, host):
+    monkeypatch.setattr(attention, "CUDNN_MIN_LENGTH", 8)
+    bounds = tuple(accumulate(lens, initial=0))
+    q, k, v = _token_rows(bounds)
+    args = (q, k, v, _device_bounds(bounds), max(lens), bounds if host else None)
+    made = {}
+    for name in ("by_length", "by_length_runs"):
+        made[name] = []
+        _fake_backends(monkeypatch, made[name])
+        assert make_backend(name)(*args) is q, name
+    (backend, got), = made["by_length_runs"]
+    ((want_backend, want),) = made["by_length"]
+    assert backend == want_backend == ("cudnn" if host and min(lens) >= 8 else "varlen")
+    assert all(a is b for a, b in zip(got, want, strict=True))  # the very tensors, bounds and ints
+
+
+def _random_lens(seed: int) -> list[int]:
+    """1 to 7 sequences, each short (1 to 7 tokens) or long (8 to 20) at random."""
+    rng = random.Random(seed)
+    return [rng.randint(8, 20) if rng.random() < 0.5 else rng.randint(1, 7) for _ in range(rng.randint(1, 7))]
+
+
+@pytest.mark.parametrize("lens, heads", [
+    ([3, 9, 8, 2, 5, 10], (4, 2)),
+    ([1, 12, 1, 1, 9, 3], (4, 4)),  # lone tokens in the short runs, heads not grouped
+    ([2, 5, 7, 1], (4, 2)),
+    ([8, 15, 9], (2, 1)),
+    ([13], (4, 2)),
+    *((_random_lens(seed), (4, 2)) for seed in range(6)),
+], ids=["mixed", "lone_tokens_mha", "only_short", "only_long", "single", *(f"random{s}" for s in range(6))])
+def test_by_length_runs_forward_and_backward_equal_sdpa_on_the_whole_row(monkeypatch, lens, heads):
+    """The fakes attend exactly (the sdpa backend, float64): "varlen" reads only the device bounds it
+    gets, "cudnn" only the host ones, so a run given a wrong slice, wrongly shifted bounds of either
+    kind, or left out or misplaced, changes the output or a gradient."""
+    monkeypatch.setattr(attention, "CUDNN_MIN_LENGTH", 8)
+    calls = []
+    _fake_backends(monkeypatch, calls, attend=lambda name, q, k, v, cu, max_seqlen, host: sdpa_attention(
+        q, k, v, cu, max_seqlen, host if name == "cudnn" else None))
+    bounds = tuple(accumulate(lens, initial=0))
+    g = torch.Generator().manual_seed(len(lens))
+    (Hq, Hkv), T = heads, bounds[-1]
+    leaves = [torch.randn(T, h, 8, generator=g, dtype=torch.float64) for h in (Hq, Hkv, Hkv)]
+    grad = torch.randn(T, Hq, 8, generator=g, dtype=torch.float64)
+    results = []
+    for name in ("by_length_runs", "sdpa"):
+        q, k, v = (x.clone().requires_grad_() for x in leaves)
+        cu = _device_bounds(bounds) if name == "by_length_runs" else torch.tensor(bounds, dtype=torch.int32)
+        out = make_backend(name)(q, k, v, cu, max(lens), bounds)
+        results.append((out, *torch.autograd.grad(out, (q, k, v), grad)))
+    assert len(calls) == 1 + sum((a >= 8) != (b >= 8) for a, b in zip(lens, lens[1:]))  # one call a run
+    for got, want, name in zip(*results, ("out", "dq", "dk", "dv")):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12, msg=name)
 
 
 def test_cudnn_refuses_a_call_without_host_bounds():

@@ -10,6 +10,8 @@ up to about two ulps more. (On an H100 with torch 2.11, out and dq at 2 x 16384 
 most: benchmarks/test_bench_attention.py.) A wrong mask (across a sequence boundary, or not causal), a
 wrong GQA head mapping or a misplaced sequence is off by a sizeable fraction of that largest element.
 Each backend's distance from fp32 SDPA on the same inputs is recorded too, for the record only.
+"by_length_runs" is held to the same tolerance against "varlen" on a row of short and long sequences
+(its long runs in cuDNN, its short runs in varlen), and must not synchronise with the host.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from itertools import accumulate
 import pytest
 import torch
 
-from oreal_fast.model.attention import make_backend, sdpa_attention, varlen_available
+from oreal_fast.model.attention import CUDNN_MIN_LENGTH, make_backend, sdpa_attention, varlen_available
 
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and varlen_available("cuda", torch.bfloat16)),
                                 reason="needs a CUDA GPU and torch's flash varlen kernel")
@@ -58,6 +60,41 @@ def test_cudnn_matches_varlen_forward_and_backward_in_bf16(record_property):
         record_property(f"{name}_max_err_fp32_cudnn", (a.float() - truth).abs().max().item())
         record_property(f"{name}_max_err_fp32_varlen", (b.float() - truth).abs().max().item())
         assert diff <= 2**-6 * scale, f"{name}: max |cudnn - varlen| {diff:.3g} against max |varlen| {scale:.3g}"
+
+
+# short, long, short, long, short at CUDNN_MIN_LENGTH 8192: five runs, two of them in cuDNN
+MIXED_LENS = [300, 9000, 40, 8500, 700]
+
+
+def test_by_length_runs_matches_varlen_forward_and_backward_in_bf16_on_a_row_of_long_and_short_sequences(
+        record_property):
+    assert [n >= CUDNN_MIN_LENGTH for n in MIXED_LENS] == [False, True, False, True, False]
+    q, k, v, grad, cu, bounds = _inputs(MIXED_LENS)
+    runs = _forward_backward(make_backend("by_length_runs"), q, k, v, grad, cu, bounds)
+    varlen = _forward_backward(make_backend("varlen"), q, k, v, grad, cu, bounds)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), runs, varlen):
+        assert a.dtype == b.dtype == torch.bfloat16 and a.shape == b.shape, name
+        diff, scale = (a.float() - b.float()).abs().max().item(), b.float().abs().max().item()
+        record_property(f"{name}_max_abs_diff", diff)
+        record_property(f"{name}_max_abs", scale)
+        assert diff <= 2**-6 * scale, (f"{name}: max |by_length_runs - varlen| {diff:.3g} against max |varlen| "
+                                       f"{scale:.3g}")
+
+
+def test_by_length_runs_forward_and_backward_do_not_synchronise():
+    """Under CUDA's sync debug mode "error" any host sync raises (cu_seqlens read on the host, say; the
+    RL phase's own no-sync test, tests/trainer/test_rl_phase_gpu.py, holds varlen and cudnn to this
+    too). The first call, before it, makes the cudnn backend's grouped-heads decision and builds
+    cuDNN's graphs for these lengths."""
+    inputs = _inputs(MIXED_LENS)
+    backend = make_backend("by_length_runs")
+    _forward_backward(backend, *inputs)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        _forward_backward(backend, *inputs)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
 
 
 def test_cudnn_time_at_new_lengths_against_known_ones(record_property):
