@@ -43,9 +43,8 @@ second wave), with at most one split per `min_split_tokens` of the block table's
 on shapes only, so the call is CUDA-graph capturable.
 
 Memory: reads each sequence's K and V once (2 * n * Hkv * D elements; a shared prefix once per
-group), q once. Workspace with
-num_splits > 1: [B, Hq, num_splits, D] fp32 partial outputs and [B, Hq, num_splits] fp32 max and
-sum, written and read once. FLOPs: 4 * n * Hq * D per sequence (the padded dot rows do
+group), q once. Workspace with num_splits > 1: [B, Hq, num_splits, D] fp32 partial outputs and
+[B, Hq, num_splits] fp32 max and sum, written and read once; with `shared`, the prefix's partials. FLOPs: 4 * n * Hq * D per sequence (the padded dot rows do
 16 / G times that on the tensor cores; decode is memory-bound, so this costs no time).
 
 Accumulators: scores, max, sum and the output accumulator are fp32; the probabilities are
