@@ -128,6 +128,39 @@ class SharedPrefix:
 
 
 @triton.jit
+def _walk(q, bt_row, k_head, v_head, start, end, stride_kb, stride_kt, stride_vb, stride_vt, qk_scale,
+          BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Online softmax of the query rows q [R, HEAD_DIM] over tokens [start, end) of one sequence's
+    context, gathered through its block table (bt_row) from one KV head's pools, in tiles of
+    BLOCK_N tokens: the unnormalised (max [R], sum [R], output [R, HEAD_DIM]) in fp32, in base 2."""
+    R: tl.constexpr = q.shape[0]
+    d = tl.arange(0, HEAD_DIM)
+    m = tl.full((R,), _NEG_BIG, tl.float32)
+    l = tl.zeros((R,), tl.float32)
+    acc = tl.zeros((R, HEAD_DIM), tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        tok = n0 + tl.arange(0, BLOCK_N)
+        ok = tok < end
+        # Masked: table entries and pool slots past the context are never read (they may hold
+        # stale ids and NaN).
+        blk = tl.load(bt_row + tok // BLOCK_SIZE, mask=ok, other=0).to(tl.int64)
+        slot = (tok % BLOCK_SIZE).to(tl.int64)
+        k = tl.load(k_head + blk[:, None] * stride_kb + slot[:, None] * stride_kt + d[None, :],
+                    mask=ok[:, None], other=0.0)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # (R, BLOCK_N)
+        qk = tl.where(ok[None, :], qk, _NEG_BIG)
+        m_new = tl.maximum(m, tl.max(qk, 1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        v = tl.load(v_head + blk[:, None] * stride_vb + slot[:, None] * stride_vt + d[None, :],
+                    mask=ok[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+        m = m_new
+    return m, l, acc
+
+
+@triton.jit
 def _paged_decode_split_kernel(
     Q_ptr, K_ptr, V_ptr, BT_ptr, CL_ptr, O_ptr, M_ptr, L_ptr, PL_ptr, PM_ptr, PS_ptr, PO_ptr,
     stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
@@ -163,28 +196,8 @@ def _paged_decode_split_kernel(
     k_head = K_ptr + h * stride_kh
     v_head = V_ptr + h * stride_vh
 
-    m = tl.full((BLOCK_G,), _NEG_BIG, tl.float32)
-    l = tl.zeros((BLOCK_G,), tl.float32)
-    acc = tl.zeros((BLOCK_G, HEAD_DIM), tl.float32)
-    for n0 in range(start, end, BLOCK_N):
-        tok = n0 + tl.arange(0, BLOCK_N)
-        ok = tok < end
-        # Masked: table entries and pool slots past the context are never read (they may hold
-        # stale ids and NaN).
-        blk = tl.load(bt_row + tok // BLOCK_SIZE, mask=ok, other=0).to(tl.int64)
-        slot = (tok % BLOCK_SIZE).to(tl.int64)
-        k = tl.load(k_head + blk[:, None] * stride_kb + slot[:, None] * stride_kt + d[None, :],
-                    mask=ok[:, None], other=0.0)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # (BLOCK_G, BLOCK_N)
-        qk = tl.where(ok[None, :], qk, _NEG_BIG)
-        m_new = tl.maximum(m, tl.max(qk, 1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l = l * alpha + tl.sum(p, 1)
-        v = tl.load(v_head + blk[:, None] * stride_vb + slot[:, None] * stride_vt + d[None, :],
-                    mask=ok[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-        m = m_new
+    m, l, acc = _walk(q, bt_row, k_head, v_head, start, end, stride_kb, stride_kt, stride_vb, stride_vt, qk_scale,
+                      BLOCK_SIZE, HEAD_DIM, BLOCK_N, DOT_PREC)
 
     if SPLIT:
         # Unnormalised partials: an empty split (l = 0) stays 0 instead of 0 / 0.
@@ -244,26 +257,8 @@ def _paged_decode_prefix_kernel(
         bt_row = BT_ptr + b * stride_btb  # the group's rows share these table entries
         k_head = K_ptr + h * stride_kh
         v_head = V_ptr + h * stride_vh
-        m = tl.full((BLOCK_R,), _NEG_BIG, tl.float32)
-        l = tl.zeros((BLOCK_R,), tl.float32)
-        acc = tl.zeros((BLOCK_R, HEAD_DIM), tl.float32)
-        for n0 in range(0, n_prefix, BLOCK_N):
-            tok = n0 + tl.arange(0, BLOCK_N)
-            ok = tok < n_prefix
-            blk = tl.load(bt_row + tok // BLOCK_SIZE, mask=ok, other=0).to(tl.int64)
-            slot = (tok % BLOCK_SIZE).to(tl.int64)
-            k = tl.load(k_head + blk[:, None] * stride_kb + slot[:, None] * stride_kt + d[None, :],
-                        mask=ok[:, None], other=0.0)
-            qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # (BLOCK_R, BLOCK_N)
-            qk = tl.where(ok[None, :], qk, _NEG_BIG)
-            m_new = tl.maximum(m, tl.max(qk, 1))
-            alpha = tl.exp2(m - m_new)
-            p = tl.exp2(qk - m_new[:, None])
-            l = l * alpha + tl.sum(p, 1)
-            v = tl.load(v_head + blk[:, None] * stride_vb + slot[:, None] * stride_vt + d[None, :],
-                        mask=ok[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-            m = m_new
+        m, l, acc = _walk(q, bt_row, k_head, v_head, 0, n_prefix, stride_kb, stride_kt, stride_vb, stride_vt,
+                          qk_scale, BLOCK_SIZE, HEAD_DIM, BLOCK_N, DOT_PREC)
         off = rows * (G * tl.num_programs(1)) + heads  # (row, query head) of [B, Hq]
         tl.store(PM_ptr + off, m, mask=i_ok)
         tl.store(PS_ptr + off, l, mask=i_ok)
