@@ -22,16 +22,8 @@ cat "$OUT/steps.txt"
 tail -n 2 "$OUT"/*_tests.log 2>/dev/null
 grep -h "^FAILED\|^ERROR" "$OUT"/*_tests.log 2>/dev/null | head -20
 python3 - "$OUT" <<'PY'
-import json, sys
-out = sys.argv[1]
+import sys
+from bench_json import show
 for name in ("rl_loop", "rl_phase"):
-    try:
-        runs = json.load(open(f"{out}/{name}.json"))["benchmarks"]
-    except (OSError, ValueError, KeyError):
-        print(f"{name}: no results (see {name}.log)")
-        continue
-    for b in runs:
-        e = b["extra_info"]
-        print(b["name"], {k: round(v, 4) if isinstance(v, float) else v for k, v in e.items()
-                          if k in ("tokens_per_s", "mfu", "peak_gib", "recomputed_blocks", "num_micro_batches", "ms")})
+    show(sys.argv[1], name, ("tokens_per_s", "mfu", "peak_gib", "recomputed_blocks", "num_micro_batches"))
 PY

@@ -33,25 +33,11 @@ cat "$OUT/steps.txt"
 tail -n 2 "$OUT"/*_tests.log 2>/dev/null
 grep -h "^FAILED\|^ERROR" "$OUT"/*_tests.log 2>/dev/null | head -20
 python3 - "$OUT" <<'PY'
-import json, sys
+import sys
+from bench_json import cases, show
 out = sys.argv[1]
-
-
-def cases(name):
-    try:
-        return json.load(open(f"{out}/{name}.json"))["benchmarks"]
-    except (OSError, ValueError, KeyError):
-        return []  # a step that timed out saved nothing
-
-
-for b in cases("paged_shared"):
-    e = b["extra_info"]
-    print(b["name"], {k: round(e[k], 3) if isinstance(e.get(k), float) else e.get(k)
-                      for k in ("us", "gb", "gb_unique", "frac_of_copy", "num_splits")})
-for b in cases("skinny"):
-    e = b["extra_info"]
-    print(b["name"], round(e["us"], 2), "us")
-for b in cases("rollout_official"):
-    e = b["extra_info"]
-    print(b["name"], {k: round(v, 3) if isinstance(v, float) else v for k, v in e.items() if k != "oreal_fast_path"})
+show(out, "paged_shared", ("us", "gb", "gb_unique", "frac_of_copy", "num_splits"))
+for b in cases(out, "skinny"):
+    print(b["name"], round(b["extra_info"]["us"], 2), "us")
+show(out, "rollout_official")
 PY

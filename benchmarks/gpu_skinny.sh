@@ -29,19 +29,11 @@ bench official 130 rollout_official benchmarks/test_bench_rollout.py official
 cat "$OUT/steps.txt"
 tail -n 2 "$OUT"/*_tests.log 2>/dev/null
 python3 - "$OUT" <<'PY'
-import json, sys
+import sys
+from bench_json import cases
 out = sys.argv[1]
-
-
-def cases(name):
-    try:
-        return json.load(open(f"{out}/{name}.json"))["benchmarks"]
-    except (OSError, ValueError, KeyError):
-        return []  # a step that timed out saved nothing
-
-
 rows = {}
-for b in cases("skinny"):
+for b in cases(out, "skinny"):
     e = b["extra_info"]
     rows.setdefault((e["projection"], e["T"]), {})[b["params"]["provider"]] = e["us"]
 if rows:
@@ -49,12 +41,12 @@ if rows:
     print("projection T  " + "  ".join(providers) + "   (us per call)")
     for (projection, T), v in rows.items():
         print(f"{projection} {T}  " + "  ".join(f"{v.get(p, float('nan')):.2f}" for p in providers))
-for b in cases("decode"):
+for b in cases(out, "decode"):
     e = b["extra_info"]
     print(b["param"], {k: e.get(k) for k in ("step_ms", "gpu_ms", "floor_ms", "kernels_per_step")})
-for b in cases("rollout_official"):
+for b in cases(out, "rollout_official"):
     print("official", {k: v for k, v in b["extra_info"].items() if k != "oreal_fast_path"})
-for b in cases("paged_shared"):
+for b in cases(out, "paged_shared"):
     e = b["extra_info"]
     print(b["name"], {k: e.get(k) for k in ("us", "gb", "gb_unique", "frac_of_copy", "num_splits")})
 PY
