@@ -57,6 +57,8 @@ context_lens must be in [1, max_blocks * block_size]: the Triton path does not c
 is a device-side assert per call, i.e. extra kernels on the decode hot path), the eager twin does.
 Block-table entries past a sequence's length are never read, nor are pool slots past its
 context. The last dimension of q and of the pools must be contiguous, as must block_tables' rows.
+With `shared`, fp32 inputs on a GPU give the prefix kernel a 128-row fp32 dot that spills registers
+heavily on sm90 (correct, slow; the engine runs bf16, where it takes 112 registers and no spills).
 On CPU the Triton path runs only under TRITON_INTERPRET=1 with fp32 inputs.
 """
 
