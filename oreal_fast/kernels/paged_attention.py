@@ -78,8 +78,10 @@ _LOG2E = 1.4426950408889634
 # walk visits holds at least one real token, so the running max is real after the first tile.
 _NEG_BIG = tl.constexpr(-1.0e30)
 _MAX_SPLITS = 32
-# the prefix kernel's dot tile: at most this many (row, query head) pairs of a group
-_MAX_PREFIX_ROWS = 256
+# the prefix kernel's dot tile: at most this many (row, query head) pairs of a group (a 16-sample group
+# at G = 7 fills it; compiled for sm90 in bf16 at 8 warps: 112 registers a thread, and 199 at 256 rows,
+# which leaves one program a multiprocessor)
+_MAX_PREFIX_ROWS = 128
 # Eager twin: sequences per chunk so that one gathered K (or V) chunk holds about this many elements.
 _EAGER_CHUNK_ELEMS = 2**24
 
@@ -121,12 +123,18 @@ class SharedPrefix:
             of the block size, below the row's context length or equal to it; 0 for a row in no group.
         group_rows: [B] int32, n at the first row of a group, 0 at every other row.
         max_group_rows: the largest n (a shape: the prefix kernel's dot tile has max_group_rows * G
-            rows, G = Hq // Hkv; at most 256 of them).
+            rows, G = Hq // Hkv; at most 128 of them: `max_group_rows`).
     """
 
     prefix_lens: torch.Tensor
     group_rows: torch.Tensor
     max_group_rows: int
+
+
+def max_group_rows(num_heads: int, num_kv_heads: int) -> int:
+    """The most rows a `SharedPrefix` group may have at these heads: as many as fill the prefix
+    kernel's dot tile with their query heads (18 at Qwen2.5-0.5B's 14 / 2: 126 of 128 rows)."""
+    return max(1, _MAX_PREFIX_ROWS // (num_heads // num_kv_heads))
 
 
 @triton.jit

@@ -303,6 +303,11 @@ def test_shared_prefix_fills_the_dot_tile(num_splits, device):
                   num_splits=num_splits, max_group_rows=16, seed=3)
 
 
+def test_a_group_fills_the_prefix_tile_with_its_query_heads():
+    assert pa.max_group_rows(14, 2) == 18  # Qwen2.5-0.5B: 18 x 7 = 126 of 128 rows
+    assert pa.max_group_rows(8, 8) == 128 and pa.max_group_rows(128, 1) == 1
+
+
 def test_shared_prefix_of_one_group_equals_the_plain_kernel(device):
     """The same inputs with and without `shared` agree to fp32 round-off (the sums' order differs)."""
     q, kc, vc, tables, ctx, *_, shared, _ = _shared_inputs([(4, [3, 50, 17])], 8, 2, 16, 16, device)
@@ -316,7 +321,7 @@ def test_shared_prefix_of_one_group_equals_the_plain_kernel(device):
     [
         (lambda s, t: pa.SharedPrefix(s.prefix_lens.long(), s.group_rows, 8), "prefix_lens must be a contiguous"),
         (lambda s, t: pa.SharedPrefix(s.prefix_lens, s.group_rows[:-1], 8), "group_rows must be a contiguous"),
-        (lambda s, t: pa.SharedPrefix(s.prefix_lens, s.group_rows, 65), "at most 256"),
+        (lambda s, t: pa.SharedPrefix(s.prefix_lens, s.group_rows, 33), "at most 128"),
         (lambda s, t: pa.SharedPrefix(s.prefix_lens, s.group_rows, 2), r"group_rows\[0\] = 3 must be in"),
         (lambda s, t: pa.SharedPrefix(s.prefix_lens + 1, s.group_rows, 8), "must be a multiple of the block size"),
         (lambda s, t: pa.SharedPrefix(s.prefix_lens, torch.zeros_like(s.group_rows), 8), "exactly for rows in a group"),

@@ -91,7 +91,7 @@ import torch.nn.functional as F
 
 from oreal_fast.kernels.common import check_pdl, pdl_available
 from oreal_fast.kernels.decode_tail import decode_slots, decode_tail
-from oreal_fast.kernels.paged_attention import SharedPrefix, paged_decode_attention
+from oreal_fast.kernels.paged_attention import SharedPrefix, max_group_rows, paged_decode_attention
 from oreal_fast.kernels.sampling import sample_with_logprobs, token_logprobs
 from oreal_fast.kernels.trunk_inference import rope_write_kv
 from oreal_fast.model.attention import make_backend, resolve_backend_name
@@ -172,10 +172,6 @@ class DecodeCache:
                                       impl=self.impl, shared=self.shared)
 
 
-# the prefix kernel's dot tile: rows of a group times query heads per KV head
-_PREFIX_TILE_ROWS = 128
-
-
 @dataclass
 class RoundState:
     """The rows' state after a round, on its way to the host: [3, rows] int64 (num_new, done, tokens
@@ -242,8 +238,7 @@ class ModelRunner:
                                     gemv_pdl=gemv_pdl).eval()
         self.prefill_backend = make_backend(resolve_backend_name("auto", device, dtype))
         self.shared_prefix_min_rows = shared_prefix_min_rows
-        # a group's rows times the query heads per KV head fill the prefix kernel's dot tile (128 rows)
-        self.max_group_rows = max(1, _PREFIX_TILE_ROWS // (c.num_heads // c.num_kv_heads))
+        self.max_group_rows = max_group_rows(c.num_heads, c.num_kv_heads)
         self.sync_weights(full_weights(actor))
         self._allocate_row_state(steps_per_round)
         self.kv: torch.Tensor | None = None
