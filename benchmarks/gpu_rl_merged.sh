@@ -11,7 +11,6 @@ OUT=${OUT:-benchmarks/results/gpu_rl_merged}
 export OUT PYTHONPATH=.:benchmarks${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 STEPS=" ${*:-tests trainer rl_loop rl_phase} "
 . benchmarks/gpu_steps.sh
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
 step tests 60 python3 -m pytest -q -p no:cacheprovider tests/model/test_attention_gpu.py > "$OUT/attention_tests.log" 2>&1
 step trainer 120 python3 -m pytest -q -p no:cacheprovider tests/trainer/test_trainer_gpu.py > "$OUT/trainer_tests.log" 2>&1
 step rl_loop 260 python3 -m pytest -q -p no:cacheprovider benchmarks/test_bench_rl_loop.py --benchmark-only \

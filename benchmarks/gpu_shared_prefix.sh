@@ -14,7 +14,6 @@ OUT=${OUT:-benchmarks/results/gpu_shared_prefix}
 export OUT PYTHONPATH=.:benchmarks${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 STEPS=" ${*:-tests kernel official engine trainer} "
 . benchmarks/gpu_steps.sh
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
 bench() {  # name, seconds, json, file, -k expression
   step "$1" "$2" python3 -m pytest -q -p no:cacheprovider "$4" --benchmark-only ${5:+-k "$5"} \
     --benchmark-json "$OUT/$3.json" > "$OUT/$1.log" 2>&1
