@@ -462,8 +462,9 @@ class ModelRunner:
             t[m:n] = 0
         self.done[:m] = self.done[:n].index_select(0, idx)
         self.done[m:n] = True
-        self.prefix_lens.zero_()  # no group until the next `set_shared_prefix`
-        self.group_rows.zero_()
+        if self.shared_prefix_min_rows:  # no group until the next `set_shared_prefix`
+            self.prefix_lens.zero_()
+            self.group_rows.zero_()
         self.num_rows = m
 
     # ------------------------------------------------------------------ decode rounds
