@@ -294,22 +294,21 @@ def _paged_decode_combine_kernel(
     o = tl.load(W_ptr + (row * num_splits + s)[:, None] * HEAD_DIM + d[None, :],
                 mask=s_ok[:, None], other=0.0)
     if PREFIX:
-        # The shared prefix's partial (a row outside any group has none: its max stays -inf). The
-        # context holds at least one token, in a split or in the prefix, so m_all is finite and
-        # empty parts weigh exp2(-inf) = 0.
+        # The shared prefix's partial, read only for a row in a group (otherwise its max is -inf).
+        # The context holds at least one token, in a split or in the prefix, so m_all is finite.
         has_prefix = tl.load(PL_ptr + b) > 0
-        m_p = tl.where(has_prefix, tl.load(PM_ptr + row), float("-inf"))
+        m_p = tl.load(PM_ptr + row, mask=has_prefix, other=float("-inf"))
         m_all = tl.maximum(tl.max(m, 0), m_p)
-        w_p = tl.where(has_prefix, tl.exp2(m_p - m_all), 0.0)
-        l_p = tl.where(has_prefix, tl.load(PS_ptr + row), 0.0)
-        o_p = tl.where(has_prefix, tl.load(PO_ptr + row * HEAD_DIM + d), 0.0)
     else:
-        # Split 0 always holds the first token, so m_all is finite and empty splits weigh
-        # exp2(-inf) = 0.
+        # Split 0 always holds the first token, so m_all is finite.
         m_all = tl.max(m, 0)
-        w_p, l_p, o_p = 0.0, 0.0, 0.0
-    w = tl.exp2(m - m_all)
-    out = (tl.sum(w[:, None] * o, 0) + w_p * o_p) / (tl.sum(w * l, 0) + w_p * l_p)
+    w = tl.exp2(m - m_all)  # empty parts weigh exp2(-inf) = 0
+    num, den = tl.sum(w[:, None] * o, 0), tl.sum(w * l, 0)
+    if PREFIX:
+        w_p = tl.exp2(m_p - m_all)
+        num += w_p * tl.load(PO_ptr + row * HEAD_DIM + d, mask=has_prefix, other=0.0)
+        den += w_p * tl.load(PS_ptr + row, mask=has_prefix, other=0.0)
+    out = num / den
     tl.store(Out_ptr + b * stride_outb + hq * stride_outh + d, out.to(Out_ptr.dtype.element_ty))
 
 
