@@ -26,39 +26,56 @@ def _cdiv(a, b):
     return -(-a // b)
 
 
-def _inputs(lens, Hq, Hkv, D, block_size, device, dtype=torch.float32, extra_blocks=2, seed=0):
-    """q, k_cache, v_cache, block_tables, context_lens and the contiguous reference k_ref, v_ref
-    [B, L, Hkv, D] (fp32, L = max_blocks * block_size) that the pool holds, block by block."""
+def _shared_inputs(layout, Hq, Hkv, D, block_size, device, dtype=torch.float32, max_group_rows=8, seed=0):
+    """Inputs whose rows come in groups sharing their first blocks, as forked samples of one prompt.
+
+    layout: (prefix_blocks, own_lengths) per group: len(own_lengths) rows whose contexts are the
+    group's prefix_blocks * block_size shared tokens (the same pool blocks, the same keys and
+    values) and then own_lengths[i] tokens of their own; prefix_blocks 0 makes each row one of no
+    group. The pool's other slots are NaN; table entries past a context point at block 0 (NaN)
+    or hold -1. Returns q, k_cache, v_cache, block_tables, context_lens, the contiguous reference
+    k_ref, v_ref [B, L, Hkv, D] (L = max_blocks * block_size) that the pool holds, the SharedPrefix
+    and the context lengths as a list."""
     g = torch.Generator().manual_seed(seed)
-    B = len(lens)
-    used = [_cdiv(n, block_size) for n in lens]
-    max_blocks = max(used, default=0) + extra_blocks
+    rows = [(p, n) for p, own in layout for n in own]
+    lens = [p * block_size + n for p, n in rows]
+    assert min(lens, default=1) >= 1, "every context holds a token at least"
+    B, max_blocks = len(rows), max((_cdiv(n, block_size) for n in lens), default=0) + 2
     L = max_blocks * block_size
     q = torch.randn(B, Hq, D, generator=g)
-    k_ref = torch.randn(B, L, Hkv, D, generator=g)
-    v_ref = torch.randn(B, L, Hkv, D, generator=g)
-    num_stale = 3  # NaN blocks that stale table entries point at
-    num_blocks = sum(used) + num_stale
-    perm = torch.randperm(num_blocks, generator=g)
+    k_ref, v_ref = torch.randn(B, L, Hkv, D, generator=g), torch.randn(B, L, Hkv, D, generator=g)
+    num_blocks = 1 + sum(p for p, _ in layout) + sum(_cdiv(p * block_size + n, block_size) - p for p, n in rows)
+    ids = iter((1 + torch.randperm(num_blocks - 1, generator=g)).tolist())  # block 0 stays NaN
+    tables = torch.tensor([0, -1] * max_blocks, dtype=torch.int32)[:max_blocks].repeat(B, 1)
+    prefix_lens, group_rows = torch.zeros(B, dtype=torch.int32), torch.zeros(B, dtype=torch.int32)
+    b = 0
+    for p, own in layout:
+        shared_ids, n_shared = [next(ids) for _ in range(p)], p * block_size
+        if p:
+            group_rows[b] = len(own)
+        for r in range(b, b + len(own)):
+            k_ref[r, :n_shared], v_ref[r, :n_shared] = k_ref[b, :n_shared], v_ref[b, :n_shared]
+            used = _cdiv(lens[r], block_size)
+            tables[r, :used] = torch.tensor(shared_ids + [next(ids) for _ in range(used - p)])
+            prefix_lens[r] = n_shared
+        b += len(own)
     k_cache = torch.full((num_blocks, block_size, Hkv, D), NAN)
     v_cache = torch.full_like(k_cache, NAN)
-    tables = torch.empty(B, max_blocks, dtype=torch.int32)
-    stale = perm[:num_stale]
-    first = num_stale
-    for b, n in enumerate(lens):
-        ids = perm[first:first + used[b]]
-        first += used[b]
-        tables[b, :used[b]] = ids.int()
-        rest = max_blocks - used[b]
-        tables[b, used[b]:] = torch.where(torch.arange(rest) % 2 == 0, stale[torch.arange(rest) % num_stale], -1).int()
+    for r, n in enumerate(lens):
         t = torch.arange(n)
-        slots = ids[t // block_size] * block_size + t % block_size  # (n,)
-        k_cache.view(-1, Hkv, D)[slots] = k_ref[b, :n]
-        v_cache.view(-1, Hkv, D)[slots] = v_ref[b, :n]
+        slots = tables[r, t // block_size].long() * block_size + t % block_size
+        k_cache.view(-1, Hkv, D)[slots] = k_ref[r, :n]
+        v_cache.view(-1, Hkv, D)[slots] = v_ref[r, :n]
     to = dict(device=device)
-    return (q.to(dtype=dtype, **to), k_cache.to(dtype=dtype, **to), v_cache.to(dtype=dtype, **to),
-            tables.to(**to), torch.tensor(lens, dtype=torch.int32, device=device),
-            k_ref.to(dtype=dtype, **to), v_ref.to(dtype=dtype, **to))
+    shared = pa.SharedPrefix(prefix_lens.to(**to), group_rows.to(**to), max_group_rows)
+    return (q.to(dtype=dtype, **to), k_cache.to(dtype=dtype, **to), v_cache.to(dtype=dtype, **to), tables.to(**to),
+            torch.tensor(lens, dtype=torch.int32, device=device), k_ref.to(dtype=dtype, **to),
+            v_ref.to(dtype=dtype, **to), shared, lens)
+
+
+def _inputs(lens, Hq, Hkv, D, block_size, device, dtype=torch.float32, seed=0):
+    """The first seven of `_shared_inputs` for sequences of no group."""
+    return _shared_inputs([(0, lens)], Hq, Hkv, D, block_size, device, dtype, seed=seed)[:7]
 
 
 def _truth(q, k_ref, v_ref, lens, scale):
@@ -221,51 +238,6 @@ def test_bad_arguments_name_the_fault(change, match):
 
 
 # ----------------------------------------------------------------------------- shared prefixes
-
-
-def _shared_inputs(layout, Hq, Hkv, D, block_size, device, dtype=torch.float32, max_group_rows=8, seed=0):
-    """Inputs whose rows come in groups sharing their first blocks, as forked samples of one prompt.
-
-    layout: (prefix_blocks, own_lengths) per group: len(own_lengths) rows whose contexts are the
-    group's prefix_blocks * block_size shared tokens (the same pool blocks, the same keys and
-    values) and then own_lengths[i] tokens of their own; prefix_blocks 0 makes each row one of no
-    group. The pool's other slots are NaN; table entries past a context point at block 0 (NaN)
-    or hold -1. Returns q, k_cache, v_cache, block_tables, context_lens, k_ref, v_ref (as
-    `_inputs`), the SharedPrefix and the context lengths as a list."""
-    g = torch.Generator().manual_seed(seed)
-    rows = [(p, n) for p, own in layout for n in own]
-    lens = [p * block_size + n for p, n in rows]
-    assert min(lens) >= 1, "every context holds a token at least"
-    B, max_blocks = len(rows), max(_cdiv(n, block_size) for n in lens) + 2
-    L = max_blocks * block_size
-    q = torch.randn(B, Hq, D, generator=g)
-    k_ref, v_ref = torch.randn(B, L, Hkv, D, generator=g), torch.randn(B, L, Hkv, D, generator=g)
-    num_blocks = 1 + sum(p for p, _ in layout) + sum(_cdiv(p * block_size + n, block_size) - p for p, n in rows)
-    ids = iter((1 + torch.randperm(num_blocks - 1, generator=g)).tolist())  # block 0 stays NaN
-    tables = torch.tensor([0, -1] * max_blocks, dtype=torch.int32)[:max_blocks].repeat(B, 1)
-    prefix_lens, group_rows = torch.zeros(B, dtype=torch.int32), torch.zeros(B, dtype=torch.int32)
-    b = 0
-    for p, own in layout:
-        shared_ids, n_shared = [next(ids) for _ in range(p)], p * block_size
-        group_rows[b] = len(own) if p else 0
-        for r in range(b, b + len(own)):
-            k_ref[r, :n_shared], v_ref[r, :n_shared] = k_ref[b, :n_shared], v_ref[b, :n_shared]
-            used = _cdiv(lens[r], block_size)
-            tables[r, :used] = torch.tensor(shared_ids + [next(ids) for _ in range(used - p)])
-            prefix_lens[r] = n_shared
-        b += len(own)
-    k_cache = torch.full((num_blocks, block_size, Hkv, D), NAN)
-    v_cache = torch.full_like(k_cache, NAN)
-    for r, n in enumerate(lens):
-        t = torch.arange(n)
-        slots = tables[r, t // block_size].long() * block_size + t % block_size
-        k_cache.view(-1, Hkv, D)[slots] = k_ref[r, :n]
-        v_cache.view(-1, Hkv, D)[slots] = v_ref[r, :n]
-    to = dict(device=device)
-    shared = pa.SharedPrefix(prefix_lens.to(**to), group_rows.to(**to), max_group_rows)
-    return (q.to(dtype=dtype, **to), k_cache.to(dtype=dtype, **to), v_cache.to(dtype=dtype, **to), tables.to(**to),
-            torch.tensor(lens, dtype=torch.int32, device=device), k_ref.to(dtype=dtype, **to),
-            v_ref.to(dtype=dtype, **to), shared, lens)
 
 
 # groups of 3 (a 2-block prefix), of 4 (one row's context is its prefix alone), of 1; rows of no group
